@@ -1,0 +1,57 @@
+# The README's two commands are `make lab` and `make test`; everything else is optional.
+# Every target sets up .venv first (pinned versions from constraints.txt).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Same thread count everywhere, so stored notebook outputs do not depend on the cores.
+THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONHASHSEED=0
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	--nbval-cell-timeout 120
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb)) \
+	$(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
+
+.PHONY: setup lab test lint pytest nbval run notebooks bench clean
+
+setup: $(STAMP)
+
+$(STAMP): constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: lint pytest nbval
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+pytest: $(STAMP)
+	$(THREADS) $(BIN)/pytest tests/
+
+nbval: $(STAMP)
+	$(THREADS) $(BIN)/pytest -p no:randomly $(NBVAL) $(NOTEBOOKS)
+
+# A workshop dry run: execute every notebook into build/ as HTML, change nothing.
+run: $(STAMP)
+	mkdir -p build
+	$(THREADS) $(BIN)/jupyter nbconvert --to html --execute \
+		--ExecutePreprocessor.timeout=300 --output-dir build $(NOTEBOOKS)
+
+# Refresh the stored outputs (commit the result).
+notebooks: $(STAMP)
+	$(THREADS) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=300 $(NOTEBOOKS)
+
+bench: $(STAMP)
+	$(THREADS) $(BIN)/python bench/notebook_times.py
+	@for f in $(filter-out bench/notebook_times.py,$(wildcard bench/*.py)); do \
+		echo "== $$f"; $(THREADS) $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,202 @@
+"""Devices: what this machine has, simulated GPUs, logical vs physical ids, backends.
+
+Taught in ``notebooks/00_devices.ipynb``; the simulated devices are used by the
+DataParallel notebooks (02-06).
+
+A *simulated device* has a GPU-like name ("gpu:0", "gpu:1", ...) but computes on
+the CPU. It lets a laptop run the same multi-device code paths as a GPU server:
+the names say which replica a tensor belongs to, the arithmetic is real.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+SIMULATED_PREFIX = "gpu"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device as the lessons name it: ``name`` is what you see, ``torch_device``
+    is where its tensors really live (the CPU for a simulated device)."""
+
+    name: str  # "cpu", "cuda:1" or a simulated "gpu:1"
+    torch_device: torch.device  # where the tensors are stored and computed
+
+    @property
+    def simulated(self) -> bool:
+        """True for a simulated GPU that computes on the CPU."""
+        return self.name.startswith(SIMULATED_PREFIX + ":")
+
+    @property
+    def index(self) -> int | None:
+        """The number after the colon ("gpu:2" -> 2), None for "cpu"."""
+        _, _, number = self.name.partition(":")
+        return int(number) if number else None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One row of :func:`list_devices`."""
+
+    name: str  # "cpu" or "cuda:N" (logical id)
+    description: str  # processor or GPU model
+    memory_gib: float | None  # total memory of a GPU; None for the CPU
+    threads: int | None  # torch intra-op threads for the CPU; None for a GPU
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices this process can see (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def list_devices() -> list[DeviceInfo]:
+    """The CPU and every visible CUDA device, in logical order (00_devices)."""
+    import platform
+
+    rows = [
+        DeviceInfo(
+            "cpu",
+            platform.processor() or platform.machine(),
+            None,
+            torch.get_num_threads(),
+        )
+    ]
+    for i in range(cuda_device_count()):
+        props = torch.cuda.get_device_properties(i)
+        rows.append(
+            DeviceInfo(f"cuda:{i}", props.name, props.total_memory / 2**30, None)
+        )
+    return rows
+
+
+def simulated_devices(count: int) -> list[Device]:
+    """``count`` simulated GPUs named "gpu:0".."gpu:{count-1}", all computing on
+    the CPU (02-06)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(
+            f"simulated_devices needs a count of at least 1, got {count!r}. "
+            "Ask for as many devices as you want to simulate, e.g. "
+            "simulated_devices(4)."
+        )
+    return [
+        Device(f"{SIMULATED_PREFIX}:{i}", torch.device("cpu")) for i in range(count)
+    ]
+
+
+def resolve_device(spec: Device | torch.device | str | int) -> Device:
+    """Turn "cpu", "cuda:N", a simulated "gpu:N", an int N (a CUDA id) or a
+    ``torch.device`` into a :class:`Device`; raise a clear error otherwise."""
+    if isinstance(spec, Device):
+        return spec
+    if isinstance(spec, bool):
+        raise _unknown_device(spec)
+    if isinstance(spec, int):
+        spec = f"cuda:{spec}"
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    if not isinstance(spec, str):
+        raise _unknown_device(spec)
+    text = spec.strip().lower()
+    kind, colon, number = text.partition(":")
+    if colon and not number.isdigit():
+        raise _unknown_device(spec)
+    if text == "cpu":
+        return Device("cpu", torch.device("cpu"))
+    if kind == SIMULATED_PREFIX and colon:
+        return Device(f"{SIMULATED_PREFIX}:{int(number)}", torch.device("cpu"))
+    if kind == "cuda":
+        index = int(number) if colon else 0
+        available = cuda_device_count()
+        if index >= available:
+            raise ValueError(
+                f"Device {spec!r} does not exist: this process sees {available} "
+                "CUDA device(s). Use an id below that, or simulated devices "
+                "(multigpu.devices.simulated_devices) on a machine without GPUs."
+            )
+        return Device(f"cuda:{index}", torch.device("cuda", index))
+    raise _unknown_device(spec)
+
+
+def _unknown_device(spec: object) -> ValueError:
+    return ValueError(
+        f"Unknown device {spec!r}. Use 'cpu', 'cuda:N' for a real GPU, or "
+        f"'{SIMULATED_PREFIX}:N' for a simulated one."
+    )
+
+
+def default_device() -> Device:
+    """``cuda:0`` when a GPU is visible, else ``cpu`` (01)."""
+    return resolve_device("cuda:0" if cuda_device_count() else "cpu")
+
+
+def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
+    """The entries of a ``CUDA_VISIBLE_DEVICES`` value, in logical order (00, 03).
+
+    None when the variable is unset: every GPU is visible, in physical order.
+    The rules are PyTorch's (``torch.cuda._parse_visible_devices``), which follow
+    the CUDA driver: each entry is read like C's ``strtoul`` ("1gpu" means 1); a
+    negative or empty entry ends the list ("0,2,-1,3" shows physical 0 and 2); a
+    repeated entry hides every GPU ("0,0" shows none); a list that starts with
+    "GPU-" or "MIG-" holds UUIDs and ends at the first entry without that prefix.
+    """
+    if value is None:
+        return None
+    for prefix in ("GPU-", "MIG-"):
+        if value.startswith(prefix):
+            uuids: list[str] = []
+            for entry in value.split(","):
+                if entry in uuids:
+                    return []
+                if not entry.startswith(prefix):
+                    break
+                uuids.append(entry)
+            return uuids
+    ids: list[int] = []
+    for entry in value.split(","):
+        number = _strtoul(entry.strip())
+        if number in ids:
+            return []
+        if number < 0:
+            break
+        ids.append(number)
+    return ids
+
+
+def _strtoul(text: str) -> int:
+    """The integer a string starts with ("12ab" -> 12), or -1 if there is none."""
+    match = re.match(r"[+-]?\d+", text)
+    return int(match.group()) if match else -1
+
+
+def physical_id(logical_id: int, visible: str | None = None) -> int | str:
+    """The physical GPU behind logical ``cuda:{logical_id}`` under
+    ``CUDA_VISIBLE_DEVICES`` (default: this process's environment) (00, 03)."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = parse_visible_devices(visible)
+    if entries is None:
+        return logical_id
+    if not 0 <= logical_id < len(entries):
+        raise ValueError(
+            f"Logical device {logical_id} does not exist when "
+            f"CUDA_VISIBLE_DEVICES={visible!r}: that shows {len(entries)} "
+            f"device(s), numbered 0..{len(entries) - 1}."
+        )
+    return entries[logical_id]
+
+
+def choose_backend(device: Device | torch.device | str | None = None) -> str:
+    """The torch.distributed backend for a device: "nccl" for CUDA, else "gloo"
+    (07-11). With no device: "nccl" when a GPU is visible, else "gloo"."""
+    if device is None:
+        return "nccl" if cuda_device_count() else "gloo"
+    resolved = resolve_device(device)
+    return "nccl" if resolved.torch_device.type == "cuda" else "gloo"

@@ -1,0 +1,67 @@
+"""Models: the small ConvNet used throughout, and a torchvision ResNet for GPU runs.
+
+Taught in ``notebooks/01_single_device_baseline.ipynb``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvNet(nn.Module):
+    """Two 3x3 conv layers, adaptive pooling and a linear classifier.
+
+    Works for any image size (8x8 digits, 28x28 MNIST, 32x32 CIFAR-10):
+    (batch, in_channels, H, W) -> (batch, num_classes) logits.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        width: int = 16,
+        batch_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        for label, value in (
+            ("in_channels", in_channels),
+            ("num_classes", num_classes),
+            ("width", width),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ConvNet needs {label} >= 1, got {value!r}.")
+
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            norm = [nn.BatchNorm2d(cout)] if batch_norm else []
+            return [
+                nn.Conv2d(cin, cout, 3, padding=1, bias=not batch_norm),
+                *norm,
+                nn.ReLU(),
+            ]
+
+        self.features = nn.Sequential(
+            *block(in_channels, width),
+            *block(width, 2 * width),
+            nn.AdaptiveAvgPool2d(2),  # (batch, 2*width, 2, 2) whatever H, W
+        )
+        self.classifier = nn.Linear(2 * width * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (batch, in_channels, H, W)
+        return self.classifier(self.features(x).flatten(1))  # (batch, num_classes)
+
+
+def resnet(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
+    """torchvision's ResNet-18 with random weights, for runs on real GPUs (01)."""
+    from torchvision.models import resnet18
+
+    model = resnet18(weights=None, num_classes=num_classes)
+    if in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars in ``model`` (01)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,106 @@
+"""Figures: learning curves (01), per-device memory and timelines (02-06).
+
+Every function returns a matplotlib Figure; in a notebook it is shown once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from .train import History
+
+
+def plot_history(
+    histories: History | Mapping[str, History], title: str | None = None
+) -> Figure:
+    """Loss and accuracy per epoch; several runs side by side when given a dict (01)."""
+    runs = histories if isinstance(histories, Mapping) else {"": histories}
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for label, history in runs.items():
+        prefix = f"{label} " if label else ""
+        epochs = range(1, len(history.train_loss) + 1)
+        ax_loss.plot(epochs, history.train_loss, marker="o", label=f"{prefix}train")
+        if history.test_loss:
+            ax_loss.plot(
+                epochs, history.test_loss, marker="s", ls="--", label=f"{prefix}test"
+            )
+            ax_acc.plot(
+                epochs,
+                [100 * a for a in history.test_accuracy],
+                marker="s",
+                label=f"{prefix}test",
+            )
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="test accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _byte_unit(largest: float) -> tuple[float, str]:
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if largest >= scale:
+            return scale, unit
+    return 1, "bytes"
+
+
+def plot_memory(
+    ledger: Mapping[str, Mapping[str, int]], title: str | None = None
+) -> Figure:
+    """Bytes held per device as stacked bars, one colour per category, from a
+    ``multigpu.dataparallel.Recorder.ledger`` (device -> category -> bytes) (03)."""
+    devices = list(ledger)
+    categories: list[str] = []
+    for per_device in ledger.values():
+        categories += [c for c in per_device if c not in categories]
+    largest = max((sum(c.values()) for c in ledger.values()), default=0)
+    scale, unit = _byte_unit(largest)
+    fig, ax = plt.subplots(figsize=(1.2 * len(devices) + 3.5, 3.2))
+    bottoms = [0.0] * len(devices)
+    for category in categories:
+        heights = [ledger[d].get(category, 0) / scale for d in devices]
+        if not any(heights):
+            continue
+        ax.bar(devices, heights, bottom=bottoms, label=category, width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set(ylabel=f"held during the step ({unit})", title=title or "memory per device")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(events: list, title: str | None = None) -> Figure:
+    """One lane per device, one bar per event (``device, name, start, end``; e.g.
+    ``Recorder.events``), coloured by event name, time in ms (06)."""
+    devices = sorted({e.device for e in events})
+    names: list[str] = []
+    for e in events:
+        if e.name not in names:
+            names.append(e.name)
+    colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(devices) + 1.6))
+    for lane, device in enumerate(devices):
+        for e in events:
+            if e.device == device:
+                width = max(1000 * (e.end - e.start), 1e-3)
+                ax.broken_barh(
+                    [(1000 * e.start, width)], (lane - 0.35, 0.7), color=colours[e.name]
+                )
+    for name in names:
+        ax.bar(0, 0, color=colours[name], label=name)  # legend entries only
+    ax.set_yticks(range(len(devices)), devices)
+    ax.invert_yaxis()
+    ax.set(xlabel="time since the step started (ms)", title=title or "timeline")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.tight_layout()
+    return fig

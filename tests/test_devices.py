@@ -1,0 +1,128 @@
+import pytest
+import torch
+
+from multigpu import devices
+from multigpu.devices import (
+    Device,
+    choose_backend,
+    parse_visible_devices,
+    physical_id,
+    resolve_device,
+    simulated_devices,
+)
+
+
+def test_simulated_devices_are_named_gpus_on_the_cpu():
+    sims = simulated_devices(3)
+    assert [d.name for d in sims] == ["gpu:0", "gpu:1", "gpu:2"]
+    assert all(d.simulated and d.torch_device == torch.device("cpu") for d in sims)
+    assert [d.index for d in sims] == [0, 1, 2]
+    assert str(sims[1]) == "gpu:1"
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, "2", True])
+def test_simulated_device_count_below_one_is_a_clear_error(count):
+    with pytest.raises(ValueError, match=r"at least 1, got .*simulated_devices\(4\)"):
+        simulated_devices(count)
+
+
+def test_resolve_device_accepts_the_usual_spellings():
+    assert resolve_device("cpu") == Device("cpu", torch.device("cpu"))
+    assert resolve_device(torch.device("cpu")).name == "cpu"
+    assert resolve_device("GPU:2") == Device("gpu:2", torch.device("cpu"))
+    sim = simulated_devices(1)[0]
+    assert resolve_device(sim) is sim
+    assert not resolve_device("cpu").simulated and resolve_device("cpu").index is None
+
+
+@pytest.mark.parametrize("spec", ["tpu:0", "gpu", "gpu:x", "cuda:-1", 3.0, None, True])
+def test_unknown_device_is_a_clear_error(spec):
+    with pytest.raises(ValueError, match=r"Unknown device .*Use 'cpu', 'cuda:N'"):
+        resolve_device(spec)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+@pytest.mark.parametrize("spec", ["cuda:0", "cuda", 0, torch.device("cuda", 1)])
+def test_missing_cuda_device_says_how_many_exist(spec):
+    with pytest.raises(ValueError, match=r"does not exist: this process sees 0 CUDA"):
+        resolve_device(spec)
+
+
+VISIBLE_CASES = [
+    "",
+    "0",
+    "2,3",
+    "3,2,1,0",
+    "0,2,-1,3",
+    "0,0",
+    "1,2,1",
+    "1gpu2,2ampere",
+    " 1, 2",
+    "+1,2",
+    "a,1",
+    "1,,2",
+    "0x1",
+    "-1",
+    "GPU-abc,GPU-def",
+    "GPU-abc,0",
+    "MIG-x,MIG-x",
+    "MIG-a,MIG-b,GPU-c",
+]
+
+
+@pytest.mark.parametrize("value", VISIBLE_CASES)
+def test_visible_devices_parsing_matches_pytorch(value, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert parse_visible_devices(value) == torch.cuda._parse_visible_devices()
+
+
+def test_unset_visible_devices_means_every_gpu_in_physical_order():
+    assert parse_visible_devices(None) is None
+
+
+def test_logical_ids_map_to_physical_ids():
+    assert [physical_id(i, "2,3") for i in range(2)] == [2, 3]
+    assert physical_id(0, "GPU-abc,GPU-def") == "GPU-abc"
+    with pytest.raises(
+        ValueError,
+        match=r"Logical device 2 does not exist when "
+        r"CUDA_VISIBLE_DEVICES='2,3': that shows 2 device\(s\)",
+    ):
+        physical_id(2, "2,3")
+
+
+def test_physical_id_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,1")
+    assert physical_id(0) == 5 and physical_id(1) == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert physical_id(3) == 3
+
+
+def test_backend_is_gloo_on_cpu_and_nccl_on_cuda(monkeypatch):
+    assert choose_backend("cpu") == "gloo"
+    assert choose_backend("gpu:1") == "gloo"  # simulated devices compute on the CPU
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert choose_backend() == "gloo"
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
+    assert choose_backend() == "nccl"
+    assert choose_backend("cuda:1") == "nccl"
+
+
+def test_list_devices_starts_with_the_cpu():
+    rows = devices.list_devices()
+    assert rows[0].name == "cpu" and rows[0].threads == torch.get_num_threads()
+    assert [r.name for r in rows[1:]] == [
+        f"cuda:{i}" for i in range(devices.cuda_device_count())
+    ]
+
+
+def test_default_device_is_cuda_when_present():
+    expected = "cuda:0" if devices.cuda_device_count() else "cpu"
+    assert devices.default_device().name == expected
+
+
+@pytest.mark.gpu(1)
+def test_real_cuda_device_resolves():
+    device = resolve_device(0)
+    assert device.torch_device == torch.device("cuda", 0) and not device.simulated
+    assert choose_backend(device) == "nccl"

@@ -1,0 +1,105 @@
+import pytest
+import torch
+
+from multigpu.data import get_dataset, make_loader
+from multigpu.models import ConvNet
+from multigpu.train import BAR_FORMAT, History, TrainConfig, evaluate, set_seed, train
+
+
+def run(epochs=2, progress=False):
+    config = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, seed=0)
+    set_seed(config.seed)
+    model = ConvNet()
+    loader = make_loader(get_dataset("digits"), config.batch_size, seed=config.seed)
+    test = make_loader(get_dataset("digits", train=False), 256, shuffle=False)
+    history = train(
+        model, loader, config, device="cpu", test_loader=test, progress=progress
+    )
+    return model, history, test
+
+
+def test_training_is_repeatable_with_the_same_seed():
+    model_a, history_a, _ = run()
+    model_b, history_b, _ = run()
+    assert history_a.train_loss == history_b.train_loss
+    for a, b in zip(model_a.parameters(), model_b.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_training_learns_digits():
+    model, history, test = run(epochs=6)
+    assert len(history.train_loss) == len(history.seconds) == 6
+    assert history.train_loss[-1] < 0.5 * history.train_loss[0]
+    assert history.test_accuracy[-1] > 0.8
+    assert evaluate(model, test, "cpu") == pytest.approx(
+        (history.test_loss[-1], history.test_accuracy[-1])
+    )
+
+
+def test_single_step_is_plain_sgd():
+    set_seed(0)
+    model = torch.nn.Linear(3, 2)
+    X, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = torch.nn.functional.cross_entropy(model(X), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    loader = [(X, y)]
+    train(
+        model,
+        loader,
+        TrainConfig(epochs=1, lr=0.1, momentum=0.0),
+        "cpu",
+        progress=False,
+    )
+    for p, p0, g in zip(model.parameters(), before, grads):
+        torch.testing.assert_close(p.detach(), p0 - 0.1 * g)
+
+
+def test_evaluate_restores_training_mode():
+    model = ConvNet().train()
+    loader = make_loader(get_dataset("digits", train=False), 120, shuffle=False)
+    loss, accuracy = evaluate(model, loader, "cpu")
+    assert model.training and loss > 0 and 0 <= accuracy <= 1
+
+
+def test_progress_bar_text_has_no_timing(capsys):
+    run(epochs=1, progress=True)
+    err = capsys.readouterr().err
+    assert "epoch 1/1: 100%|" in err and "23/23, loss=" in err
+    assert "it/s" not in err and "<" not in err and "elapsed" not in BAR_FORMAT
+
+
+def test_history_rows_are_rounded_and_free_of_timings():
+    history = History([1.234567], [0.5], [0.912345], [3.2])
+    assert history.rows() == [
+        {"epoch": 1, "train_loss": 1.235, "test_loss": 0.5, "test_accuracy": 0.9123}
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"batch_size": 0}, "batch_size must be an integer of at least 1"),
+        ({"epochs": 0}, "epochs must be an integer of at least 1"),
+        ({"lr": 0.0}, "lr must be positive"),
+    ],
+)
+def test_bad_config_is_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_set_seed_makes_random_numbers_repeat():
+    set_seed(3)
+    a = torch.rand(3)
+    set_seed(3)
+    assert torch.equal(a, torch.rand(3))
+
+
+def test_round_sig_keeps_significant_digits():
+    from multigpu.train import round_sig
+
+    assert round_sig(1.234567) == 1.235
+    assert round_sig(0.000123456) == 0.0001235
+    assert round_sig(98765.4) == 98770.0
+    assert round_sig(-2.0) == -2.0

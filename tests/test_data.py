@@ -158,3 +158,23 @@ def test_data_root_follows_the_environment(monkeypatch, tmp_path):
 def test_fetch_command_usage(capsys):
     assert data.main([]) == 2
     assert "usage: python -m multigpu.data fetch" in capsys.readouterr().err
+
+
+def test_epoch_sampler_order_depends_only_on_seed_and_epoch():
+    dataset = get_dataset("digits")
+    loader = make_loader(dataset, 100, seed=3)
+    first = [y.tolist() for _, y in loader]
+    again = [y.tolist() for _, y in loader]  # same epoch: same order, however often
+    loader.sampler.set_epoch(1)
+    epoch1 = [y.tolist() for _, y in loader]
+    assert first == again and first != epoch1
+    assert sorted(loader.sampler) == list(range(len(dataset)))
+    fresh = make_loader(dataset, 100, seed=3)
+    fresh.sampler.set_epoch(1)
+    assert [y.tolist() for _, y in fresh] == epoch1
+
+
+def test_unshuffled_loader_keeps_dataset_order():
+    dataset = get_dataset("digits", train=False)
+    labels = torch.cat([y for _, y in make_loader(dataset, 64, shuffle=False)])
+    assert torch.equal(labels, dataset.targets)

@@ -103,3 +103,15 @@ def test_round_sig_keeps_significant_digits():
     assert round_sig(0.000123456) == 0.0001235
     assert round_sig(98765.4) == 98770.0
     assert round_sig(-2.0) == -2.0
+
+
+def test_reusing_a_loader_gives_the_same_run():
+    config = TrainConfig(epochs=2, seed=0)
+    loader = make_loader(get_dataset("digits"), config.batch_size, seed=config.seed)
+    models = []
+    for _ in range(2):  # the same loader object twice: the order must not drift
+        set_seed(config.seed)
+        models.append(ConvNet())
+        train(models[-1], loader, config, device="cpu", progress=False)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)

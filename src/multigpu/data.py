@@ -170,6 +170,25 @@ def _check_name(name: str) -> str:
     return key
 
 
+class EpochSampler(torch.utils.data.Sampler[int]):
+    """A shuffled order of ``range(length)`` that depends only on ``seed`` and the
+    epoch set by :meth:`set_epoch`, like ``DistributedSampler`` on one rank (01)."""
+
+    def __init__(self, length: int, seed: int = 0) -> None:
+        self.length, self.seed, self.epoch = length, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration gives."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.length, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
 def make_loader(
     dataset: Dataset,
     batch_size: int,
@@ -177,15 +196,15 @@ def make_loader(
     seed: int = 0,
     drop_last: bool = False,
 ) -> DataLoader:
-    """A DataLoader whose shuffling depends only on ``seed`` (01)."""
+    """A DataLoader whose batch order depends only on ``seed`` and the epoch (01).
+
+    Shuffled loaders use :class:`EpochSampler`: call ``loader.sampler.set_epoch(e)``
+    before epoch ``e`` (``multigpu.train.train`` does) for a new order each epoch.
+    """
     check_batch_size(batch_size)
-    generator = torch.Generator().manual_seed(seed)
+    sampler = EpochSampler(len(dataset), seed) if shuffle else None
     return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        generator=generator if shuffle else None,
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last
     )
 
 

@@ -120,6 +120,12 @@ def train(
     for epoch in range(config.epochs):
         start = time.perf_counter()
         model.train()
+        if hasattr(train_loader, "sampler") and hasattr(
+            train_loader.sampler, "set_epoch"
+        ):
+            train_loader.sampler.set_epoch(
+                epoch
+            )  # a new order each epoch, from the seed
         total, count = 0.0, 0
         batches = tqdm(
             train_loader,

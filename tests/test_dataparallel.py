@@ -1,0 +1,497 @@
+"""Tests for multigpu.dataparallel: parity with PyTorch's own code, equivalence with
+single-device training, exact error and warning texts, the ledger and timeline."""
+
+from __future__ import annotations
+
+import copy
+import re
+import threading
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.parallel import scatter_gather as torch_scatter_gather
+
+from multigpu import dataparallel as dp
+from multigpu.devices import simulated_devices
+
+try:
+    from multigpu.models import ConvNet
+except ImportError:  # pragma: no cover - the models module is written in parallel
+    ConvNet = None
+
+SCALAR_WARNING = (
+    "Was asked to gather along dimension 0, but all input tensors were scalars; "
+    "will instead unsqueeze and return a vector."
+)
+Pair = namedtuple("Pair", ["first", "second"])
+
+
+# ---------------------------------------------------------------------------
+# (a) parity with torch.nn.parallel.scatter_gather.scatter_kwargs
+# ---------------------------------------------------------------------------
+
+
+class _CpuChunkScatter:
+    """Stands in for PyTorch's CUDA-only ``Scatter`` autograd function: the same
+    split (``tensor.chunk(len(devices), dim)``, since chunk_sizes is None), on CPU."""
+
+    @staticmethod
+    def apply(target_gpus, chunk_sizes, dim, tensor):
+        assert chunk_sizes is None
+        return tensor.chunk(len(target_gpus), dim)
+
+
+@pytest.fixture
+def torch_scatter_kwargs(monkeypatch):
+    """PyTorch's own scatter_kwargs, runnable on a CPU."""
+    monkeypatch.setattr(torch_scatter_gather, "Scatter", _CpuChunkScatter)
+    return torch_scatter_gather.scatter_kwargs
+
+
+def assert_same_structure(ours, theirs, where="result"):
+    """Same container types and lengths, equal tensors, identical other objects."""
+    assert type(ours) is type(theirs), f"{where}: {type(ours)} vs {type(theirs)}"
+    if isinstance(theirs, torch.Tensor):
+        assert ours.shape == theirs.shape, f"{where}: {ours.shape} vs {theirs.shape}"
+        assert torch.equal(ours, theirs), f"{where}: values differ"
+    elif isinstance(theirs, (tuple, list)):
+        assert len(ours) == len(theirs), f"{where}: {len(ours)} vs {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same_structure(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, dict):
+        assert list(ours) == list(theirs), f"{where}: keys {list(ours)}"
+        for key in theirs:
+            assert_same_structure(ours[key], theirs[key], f"{where}[{key!r}]")
+    else:
+        assert ours is theirs, f"{where}: {ours!r} is not {theirs!r}"
+
+
+def _cases(batch):
+    """(name, inputs, kwargs, dim) built on a batch of ``batch`` rows."""
+    x = torch.arange(batch * 3, dtype=torch.float32).reshape(batch, 3)
+    y = torch.arange(batch)
+    half = x[: max(1, batch // 2)]
+    wide = torch.arange(2 * batch * 2).reshape(2, batch, 2)
+    tag, options = "tag", {"mode": "train"}
+    return [
+        ("one tensor", (x,), {}, 0),
+        ("two tensors", (x, y), None, 0),
+        ("non-tensor keyword", (x,), {"scale": 2.0}, 0),
+        ("tensor keyword", (x,), {"mask": y}, 0),
+        ("only keywords", (), {"x": x, "flag": True}, 0),
+        ("no inputs", (), {}, 0),
+        ("mixed positional", (x, tag, 3, None), {"flag": False}, 0),
+        ("tuple container", ((x, y),), {}, 0),
+        ("list container", ([x, y, 5],), {"extra": {"a": x, "b": None}}, 0),
+        ("dict container", ({"image": x, "label": y},), {}, 0),
+        ("ordered dict", (OrderedDict(b=y, a=x),), {"w": options}, 0),
+        ("namedtuple", (Pair(x, y),), {}, 0),
+        ("shorter tensor", (x, half), {}, 0),
+        ("shorter keyword", (x,), {"half": half, "s": 1}, 0),
+        ("empty containers", (x, [], ()), {"d": {}}, 0),
+        ("dim 1", (wide,), {"other": wide}, 1),
+    ]
+
+
+CASE_NAMES = [name for name, *_ in _cases(4)]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_scatter_kwargs_matches_pytorch(case, torch_scatter_kwargs):
+    for batch in range(1, 13):
+        _, inputs, kwargs, dim = next(c for c in _cases(batch) if c[0] == case)
+        for count in range(1, 5):
+            where = f"{case}, batch {batch}, {count} devices"
+            theirs = torch_scatter_kwargs(inputs, kwargs, list(range(count)), dim)
+            ours = dp.scatter_kwargs(inputs, kwargs, simulated_devices(count), dim)
+            assert_same_structure(ours, theirs, where)
+
+
+def test_scatter_matches_pytorch_for_a_lone_tensor(torch_scatter_kwargs):
+    for batch in range(1, 13):
+        x = torch.randn(batch, 2)
+        for count in range(1, 5):
+            theirs = torch_scatter_gather.scatter(x, list(range(count)))
+            ours = dp.scatter(x, simulated_devices(count))
+            assert isinstance(ours, tuple)  # a lone tensor gives a tuple, as in torch
+            assert_same_structure(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    ("batch", "sizes"),
+    [(10, [3, 3, 3, 1]), (9, [3, 3, 3]), (5, [2, 2, 1]), (3, [1, 1, 1]), (8, [2] * 4)],
+)
+def test_chunk_sizes_on_four_devices(batch, sizes):
+    assert dp.chunk_sizes(batch, 4) == sizes
+    chunks = dp.scatter(torch.zeros(batch, 1), simulated_devices(4))
+    assert [len(c) for c in chunks] == sizes
+    assert [str(dp.device_of(c)) for c in chunks] == [
+        f"gpu:{i}" for i in range(len(sizes))
+    ]
+
+
+def test_scatter_copies_tensors_and_shares_other_objects():
+    devices = simulated_devices(2)
+    x = torch.randn(4, 2)
+    label, options = object(), {"mode": "train"}
+    (a, b) = dp.scatter((x, label, options), devices)
+    assert a[1] is label and b[1] is label  # one reference per device, no copy
+    assert a[2] == options and a[2] is not options  # a dict is rebuilt (shallow)
+    assert a[0].data_ptr() != x.data_ptr()  # copied from the CPU onto gpu:0
+    # a tensor already on gpu:0 is not copied again for gpu:0, only for gpu:1
+    on_first = dp.to_device(x, devices[0])
+    first, second = dp.scatter(on_first, devices)
+    assert first.data_ptr() == on_first.data_ptr()
+    assert second.data_ptr() != on_first[2:].data_ptr()
+
+
+def test_gather_matches_pytorch_structure():
+    devices = simulated_devices(3)
+    outputs = [
+        {"logits": torch.full((2, 3), float(i)), "aux": Pair(torch.ones(2), None)}
+        for i in range(3)
+    ]
+    gathered = dp.gather(outputs, devices[1])
+    assert list(gathered) == ["logits", "aux"]
+    assert gathered["logits"].shape == (6, 3)
+    assert isinstance(gathered["aux"], Pair) and gathered["aux"].second is None
+    assert str(dp.device_of(gathered["logits"])) == "gpu:1"
+    with pytest.raises(ValueError, match="All dicts must have the same number of keys"):
+        dp.gather([{"a": torch.ones(1)}, {"a": torch.ones(1), "b": 1}], devices[0])
+
+
+# ---------------------------------------------------------------------------
+# (b) one DataParallel step == one single-device step on the whole batch
+# ---------------------------------------------------------------------------
+
+
+def _model():
+    torch.manual_seed(0)
+    if ConvNet is not None:
+        return ConvNet(in_channels=1, num_classes=10, width=4)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10)
+    )
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch", [12, 10, 7, 5, 3])
+def test_one_step_equals_single_device(count, batch):
+    torch.manual_seed(1)
+    X = torch.randn(batch, 1, 8, 8)
+    y = torch.randint(0, 10, (batch,))
+    reference = _model()
+    model = copy.deepcopy(reference)
+
+    expected = reference(X)
+    nn.functional.cross_entropy(expected, y).backward()
+
+    devices = simulated_devices(count)
+    parallel = dp.DataParallel(dp.to_device(model, devices[0]), devices)
+    output = parallel(X)
+    nn.functional.cross_entropy(output, y).backward()
+
+    torch.testing.assert_close(output, expected)
+    for (name, p), q in zip(
+        model.named_parameters(), reference.parameters(), strict=True
+    ):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_replicas_are_summed_into_the_original_parameters():
+    devices = simulated_devices(3)
+    layer = dp.to_device(nn.Linear(1, 1, bias=False), devices[0])
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    parallel = dp.DataParallel(layer, devices)
+    X = torch.tensor([[1.0], [2.0], [3.0]])  # one row per replica
+    parallel(X).sum().backward()
+    assert layer.weight.grad.item() == 6.0  # 1 + 2 + 3, one term from each replica
+
+
+def test_no_grad_forward_matches_and_makes_no_graph():
+    devices = simulated_devices(4)
+    model = dp.to_device(_model(), devices[0])
+    X = torch.randn(9, 1, 8, 8)
+    with torch.no_grad():
+        out = dp.DataParallel(model, devices)(X)
+        expected = model(X)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, expected)
+
+
+def test_batchnorm_differs_and_only_the_first_replica_updates_running_stats():
+    torch.manual_seed(0)
+    devices = simulated_devices(2)
+    bn = nn.BatchNorm1d(3)
+    reference = copy.deepcopy(bn)
+    X = torch.randn(8, 3) * 3 + 1
+    out = dp.DataParallel(dp.to_device(bn, devices[0]), devices)(X)
+    expected = reference(X)
+    assert not torch.allclose(out, expected)  # statistics per chunk, not per batch
+    # the first replica shares storage with the module: its update is kept
+    first_chunk = copy.deepcopy(reference)
+    first_chunk.reset_running_stats()
+    first_chunk(X[:4])
+    torch.testing.assert_close(bn.running_mean, first_chunk.running_mean)
+    assert bn.num_batches_tracked.item() == 1
+
+
+def test_replicas_run_in_threads_and_only_as_many_as_chunks():
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append((threading.get_ident(), len(x)))
+            return x
+
+    devices = simulated_devices(4)
+    dp.DataParallel(Probe(), devices)(torch.zeros(3, 1))  # 3 rows: 3 replicas
+    assert sorted(rows for _, rows in seen) == [1, 1, 1]
+    assert threading.get_ident() not in {ident for ident, _ in seen}
+
+    seen.clear()
+    dp.DataParallel(Probe(), devices[:1])(torch.zeros(3, 1))
+    assert seen == [(threading.get_ident(), 3)]  # one device: called directly
+
+
+# ---------------------------------------------------------------------------
+# (c) exact error and warning texts, and clear errors for bad input
+# ---------------------------------------------------------------------------
+
+
+def test_parameters_must_be_on_device_ids_0():
+    devices = simulated_devices(2)
+    model = dp.to_device(nn.Linear(2, 2), devices[1])
+    with pytest.raises(RuntimeError) as info:
+        dp.DataParallel(model, devices)(torch.randn(4, 2))
+    assert str(info.value) == (
+        "module must have its parameters and buffers on device gpu:0 "
+        "(device_ids[0]) but found one of them on device: gpu:1"
+    )
+    with pytest.raises(RuntimeError, match="found one of them on device: cpu$"):
+        dp.DataParallel(nn.Linear(2, 2), devices)(torch.randn(4, 2))
+    # one device id: DataParallel moves the module there itself, as PyTorch does
+    single = dp.DataParallel(nn.Linear(2, 2), devices[1:])
+    assert single(torch.randn(4, 2)).shape == (4, 2)
+
+
+def test_scalar_outputs_are_gathered_into_a_vector_with_a_warning():
+    class LossInside(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.linear(x).mean()  # a 0-dim tensor per replica
+
+    devices = simulated_devices(4)
+    model = dp.to_device(LossInside(), devices[0])
+    with pytest.warns(UserWarning, match=re.escape(SCALAR_WARNING)):
+        out = dp.DataParallel(model, devices)(torch.randn(5, 2))  # chunks 2, 2, 1
+    assert out.shape == (3,)  # one entry per replica used
+
+
+class ScaledLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x, scale=1.0):
+        return self.linear(x) * scale
+
+
+def test_uneven_last_batch_with_a_keyword_argument(torch_scatter_kwargs):
+    devices = simulated_devices(4)
+    model = dp.to_device(ScaledLinear(), devices[0])
+    X = torch.randn(5, 3)  # 5 rows on 4 devices: chunks 2, 2, 1
+    inputs, kwargs = dp.scatter_kwargs((X,), {"scale": 2.0}, devices)
+    assert inputs[3] == () and kwargs[3] == {"scale": 2.0}  # the padded replica
+    theirs = torch_scatter_kwargs((X,), {"scale": 2.0}, [0, 1, 2, 3])
+    assert theirs[0][3] == ()
+    with pytest.raises(TypeError) as info:
+        dp.DataParallel(model, devices)(X, scale=2.0)
+    message = str(info.value)
+    assert message.startswith("Caught TypeError in replica 3 on device gpu:3.\n")
+    assert message.endswith(
+        "Original TypeError: ScaledLinear.forward() missing 1 required "
+        "positional argument: 'x'"
+    )
+    assert isinstance(info.value.__cause__, TypeError)  # the original, traceback kept
+    # the fixes: pass it positionally, or use a batch that fills every device
+    assert dp.DataParallel(model, devices)(X, 2.0).shape == (5, 2)
+    assert dp.DataParallel(model, devices)(X[:4], scale=2.0).shape == (4, 2)
+
+
+def test_replica_exceptions_name_the_replica_and_device():
+    class FailsOnSmallChunks(nn.Module):
+        def forward(self, x):
+            if len(x) < 2:
+                raise ValueError("chunk too small")
+            return x
+
+    devices = simulated_devices(3)
+    with pytest.raises(ValueError) as info:
+        dp.DataParallel(FailsOnSmallChunks(), devices)(torch.zeros(5, 1))  # 2, 2, 1
+    assert str(info.value) == (
+        "Caught ValueError in replica 2 on device gpu:2.\n"
+        "Original ValueError: chunk too small"
+    )
+
+
+def test_parallel_apply_checks_lengths_like_pytorch():
+    layer = nn.Linear(1, 1)
+    with pytest.raises(AssertionError, match="number of modules 2 is not equal to the"):
+        dp.parallel_apply([layer, layer], [torch.ones(1, 1)])
+    with pytest.raises(AssertionError, match="the number of kwargs_tup 1"):
+        dp.parallel_apply([layer, layer], [torch.ones(1, 1)] * 2, [{}])
+    with pytest.raises(AssertionError, match="the number of devices 3"):
+        dp.parallel_apply([layer, layer], [torch.ones(1, 1)] * 2, None, ["gpu:0"] * 3)
+    with pytest.raises(RuntimeError, match="no tensor input was found"):
+        dp.parallel_apply([layer, layer], [(), ()])
+
+
+def test_bad_device_lists_give_clear_errors():
+    with pytest.raises(ValueError, match="empty list of devices"):
+        dp.DataParallel(nn.Linear(1, 1), [])
+    with pytest.raises(ValueError, match="Unknown device 'tpu:0'"):
+        dp.DataParallel(nn.Linear(1, 1), ["tpu:0"])
+    with pytest.raises(ValueError, match="empty list of devices"):
+        dp.scatter(torch.ones(2), [])
+    with pytest.raises(TypeError, match="needs a list of devices"):
+        dp.scatter(torch.ones(2), "gpu:0")
+    with pytest.raises(ValueError, match="no outputs to gather"):
+        dp.gather([], "gpu:0")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_no_device_ids_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="simulated_devices"):
+        dp.DataParallel(nn.Linear(1, 1))
+
+
+def test_placement_helpers():
+    devices = simulated_devices(2)
+    x = torch.ones(3)
+    assert str(dp.device_of(x)) == "cpu"
+    on_first = dp.to_device(x, devices[0])
+    assert str(dp.device_of(on_first)) == "gpu:0"
+    assert dp.to_device(on_first, "gpu:0") is on_first  # already there: no copy
+    on_second = dp.to_device(on_first, "gpu:1")
+    assert on_second.data_ptr() != on_first.data_ptr()  # another device: a copy
+    model = nn.Linear(2, 2)
+    assert dp.to_device(model, "gpu:1") is model  # moved in place
+    assert {str(dp.device_of(p)) for p in model.parameters()} == {"gpu:1"}
+    assert set(dp.DataParallel(model, devices).state_dict()) == {
+        "module.weight",
+        "module.bias",
+    }
+
+
+# ---------------------------------------------------------------------------
+# (d) real GPUs: compare with nn.DataParallel itself
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("batch", [16, 9, 5, 3])
+def test_matches_torch_dataparallel_on_gpus(batch):
+    count = torch.cuda.device_count()
+    torch.manual_seed(0)
+    X = torch.randn(batch, 1, 8, 8)
+    y = torch.randint(0, 10, (batch,))
+    theirs_model = _model().cuda(0)
+    ours_model = copy.deepcopy(theirs_model)
+
+    theirs = nn.DataParallel(theirs_model, device_ids=list(range(count)))
+    ours = dp.DataParallel(ours_model, device_ids=list(range(count)))
+    out_theirs, out_ours = theirs(X), ours(X)
+    assert out_ours.device == out_theirs.device == torch.device("cuda", 0)
+    torch.testing.assert_close(out_ours, out_theirs)
+    nn.functional.cross_entropy(out_theirs, y.cuda(0)).backward()
+    nn.functional.cross_entropy(out_ours, y.cuda(0)).backward()
+    for p, q in zip(ours_model.parameters(), theirs_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_gpu_errors_match_torch_dataparallel():
+    model = nn.Linear(2, 2).cuda(1)
+    with pytest.raises(RuntimeError) as theirs:
+        nn.DataParallel(model, device_ids=[0, 1])(torch.randn(4, 2))
+    with pytest.raises(RuntimeError) as ours:
+        dp.DataParallel(model, device_ids=[0, 1])(torch.randn(4, 2))
+    assert str(ours.value) == str(theirs.value)
+
+
+# ---------------------------------------------------------------------------
+# (e) the ledger and the timeline
+# ---------------------------------------------------------------------------
+
+
+def test_ledger_shows_the_output_device_holding_more():
+    devices = simulated_devices(4)
+    model = dp.to_device(_model(), devices[0])
+    X, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    loss, recorder = dp.record_step(dp.DataParallel(model, devices), X, y)
+    assert loss.dim() == 0
+    totals = recorder.totals()
+    assert sorted(totals) == [d.name for d in devices]
+    assert all(totals["gpu:0"] > totals[d.name] for d in devices[1:])
+    first = recorder.ledger["gpu:0"]
+    assert first["gathered"] == 16 * 10 * 4 and first["loss"] == 4
+    assert recorder.ledger["gpu:1"]["gathered"] == 0
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert {recorder.ledger[d.name]["parameters"] for d in devices} == {params}
+    assert first["gradients"] == params
+
+
+def test_output_device_moves_the_gathered_outputs():
+    devices = simulated_devices(3)
+    model = dp.to_device(_model(), devices[0])
+    parallel = dp.DataParallel(model, devices, output_device=devices[2])
+    X, y = torch.randn(9, 1, 8, 8), torch.randint(0, 10, (9,))
+    loss, recorder = dp.record_step(parallel, X, y)
+    assert str(dp.device_of(loss)) == "gpu:2"
+    assert recorder.ledger["gpu:2"]["gathered"] > 0
+    assert recorder.ledger["gpu:0"]["gathered"] == 0
+
+
+def test_timeline_has_events_for_every_replica():
+    devices = simulated_devices(4)
+    model = dp.to_device(_model(), devices[0])
+    X, y = torch.randn(10, 1, 8, 8), torch.randint(0, 10, (10,))
+    _, recorder = dp.record_step(dp.DataParallel(model, devices), X, y)
+    events = recorder.events
+    for name in ("scatter", "replicate", "forward", "backward"):
+        assert {e.device for e in events if e.name == name} == {
+            d.name for d in devices
+        }, name
+    assert [e.device for e in events if e.name in ("gather", "loss")] == ["gpu:0"] * 2
+    assert all(0 <= e.start <= e.end for e in events)
+    forward_end = max(e.end for e in events if e.name == "forward")
+    gather = next(e for e in events if e.name == "gather")
+    assert gather.start >= forward_end  # the gather waits for every replica
+
+
+def test_one_device_timeline_and_plots():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from multigpu.plots import plot_memory, plot_timeline
+
+    devices = simulated_devices(1)
+    X, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    _, recorder = dp.record_step(dp.DataParallel(_model(), devices), X, y)
+    names = [e.name for e in recorder.events]
+    assert "replicate" not in names and names.count("backward") == 1
+    for fig in (plot_memory(recorder.ledger), plot_timeline(recorder.events)):
+        assert fig.axes
+        plt.close(fig)

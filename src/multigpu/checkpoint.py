@@ -1,0 +1,249 @@
+"""Checkpoints that survive wrappers and interruptions.
+
+Taught in ``notebooks/06_dataparallel_checkpoints_and_speed.ipynb`` (the ``module.``
+prefix) and used again by ``notebooks/11`` (fault tolerance: atomic saves).
+
+``nn.DataParallel`` and ``DistributedDataParallel`` keep your model as their
+attribute ``.module``, so every key of their ``state_dict()`` starts with
+``"module."``. A checkpoint saved from a wrapper does not load into a plain model
+(and the other way round) with PyTorch's strict ``load_state_dict``. The helpers
+here always *save* the unwrapped model's state and *load* either form.
+
+A save first writes a temporary file next to the target, then renames it over the
+target with ``os.replace``: a crash or Ctrl-C during the save leaves the previous
+checkpoint untouched, never half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from multigpu.devices import Device
+
+PREFIX = "module."  # what DataParallel / DistributedDataParallel put before each key
+MODEL_KEY = "model"  # the checkpoint dict's entry for the model's state_dict
+OPTIMIZER_KEY = "optimizer"  # ... for the optimizer's state_dict (or None)
+EPOCH_KEY = "epoch"  # ... for the epoch number (or None)
+_SHOW_KEYS = 6  # how many keys an error message lists before "... and N more"
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    """The module classes that hold the real model as ``.module``."""
+    types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
+    try:  # the reference DataParallel of notebooks 02-06, if it is installed
+        from multigpu.dataparallel import DataParallel as ReferenceDataParallel
+    except ImportError:
+        pass
+    else:
+        types.append(ReferenceDataParallel)
+    return tuple(types)
+
+
+def is_wrapped(model: nn.Module) -> bool:
+    """True if ``model`` is a DataParallel / DistributedDataParallel wrapper (06)."""
+    return isinstance(model, _wrapper_types())
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside any DataParallel / DDP wrappers, or ``model`` itself (06)."""
+    while is_wrapped(model):
+        model = model.module
+    return model
+
+
+def _rename(state_dict: Mapping[str, Any], rename_key, rename_meta) -> OrderedDict:
+    """A new state_dict with renamed keys; the ``_metadata`` (module versions that
+    ``load_state_dict`` reads) is renamed the same way."""
+    renamed = OrderedDict((rename_key(key), value) for key, value in state_dict.items())
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        new_metadata = OrderedDict()
+        for key, value in metadata.items():
+            for new_key in rename_meta(key):
+                new_metadata[new_key] = value
+        renamed._metadata = new_metadata  # type: ignore[attr-defined]
+    return renamed
+
+
+def strip_prefix(
+    state_dict: Mapping[str, Any], prefix: str = PREFIX
+) -> OrderedDict[str, Any]:
+    """A copy of ``state_dict`` with ``prefix`` removed from every key that starts
+    with it ("module.fc.weight" -> "fc.weight"); the input is not changed (06)."""
+    bare = prefix.rstrip(".")
+
+    def rename_key(key: str) -> str:
+        return key[len(prefix) :] if key.startswith(prefix) else key
+
+    def rename_meta(key: str) -> list[str]:
+        if key == "" and bare in metadata_keys:
+            return []  # the wrapper's own entry; the model's "" replaces it
+        if key == bare:
+            return [""]
+        return [rename_key(key)]
+
+    metadata_keys = set(getattr(state_dict, "_metadata", {}) or {})
+    return _rename(state_dict, rename_key, rename_meta)
+
+
+def add_prefix(
+    state_dict: Mapping[str, Any], prefix: str = PREFIX
+) -> OrderedDict[str, Any]:
+    """A copy of ``state_dict`` with ``prefix`` put before every key ("fc.weight" ->
+    "module.fc.weight"), as a DataParallel/DDP wrapper would have saved it (06)."""
+    bare = prefix.rstrip(".")
+
+    def rename_meta(key: str) -> list[str]:
+        if key == "":
+            return ["", bare]  # the wrapper's entry and the model's
+        return [prefix + key]
+
+    return _rename(state_dict, lambda key: prefix + key, rename_meta)
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A state_dict whose keys do not fit the model, even after fixing the prefix."""
+
+
+def _show(keys: list[str]) -> str:
+    shown = ", ".join(repr(key) for key in keys[:_SHOW_KEYS])
+    more = len(keys) - _SHOW_KEYS
+    return f"[{shown}{f', ... and {more} more' if more > 0 else ''}]"
+
+
+def match_keys(
+    state_dict: Mapping[str, Any], model: nn.Module, prefix: str = PREFIX
+) -> Mapping[str, Any]:
+    """``state_dict`` with its keys made to fit ``unwrap(model)``: ``prefix`` is
+    stripped once per wrapper it was saved from; unchanged if nothing fits (06)."""
+    expected = set(unwrap(model).state_dict().keys())
+    candidates = [state_dict]
+    while set(candidates[-1]) != expected and any(
+        key.startswith(prefix) for key in candidates[-1]
+    ):
+        candidates.append(strip_prefix(candidates[-1], prefix))
+    # the candidate with most matching keys; on a tie the least stripped one
+    return max(candidates, key=lambda candidate: len(set(candidate) & expected))
+
+
+def load_model_state(
+    model: nn.Module,
+    state_dict: Mapping[str, Any],
+    strict: bool = True,
+    source: str = "the state_dict",
+) -> tuple[list[str], list[str]]:
+    """Load a plain or ``module.``-prefixed ``state_dict`` into ``model``, wrapped
+    or not; returns (missing_keys, unexpected_keys) like ``load_state_dict``. A
+    real mismatch raises :class:`CheckpointMismatchError` unless strict=False (06)."""
+    target = unwrap(model)
+    fitted = match_keys(state_dict, target)
+    expected = list(target.state_dict().keys())
+    missing = [key for key in expected if key not in fitted]
+    expected_keys = set(expected)
+    unexpected = [key for key in fitted if key not in expected_keys]
+    if strict and (missing or unexpected):
+        raise CheckpointMismatchError(
+            f"{source} does not fit {type(target).__name__}: missing key(s) "
+            f"{_show(missing)}, unexpected key(s) {_show(unexpected)} (after "
+            f"removing any '{PREFIX}' prefix). Build the model with the same class "
+            "and arguments as the one that was saved, or pass strict=False to load "
+            "only the keys that match."
+        )
+    return target.load_state_dict(fitted, strict=strict)
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    epoch: int | None = None,
+    **extra: Any,
+) -> Path:
+    """Atomically save ``{"model": unwrap(model).state_dict(), "optimizer": ...,
+    "epoch": epoch, **extra}`` to ``path`` (no ``module.`` prefix) (06, 11)."""
+    path = Path(path)
+    checkpoint = {
+        MODEL_KEY: unwrap(model).state_dict(),
+        OPTIMIZER_KEY: None if optimizer is None else optimizer.state_dict(),
+        EPOCH_KEY: epoch,
+        **extra,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, checkpoint)
+    return path
+
+
+def write_atomically(path: str | os.PathLike, obj: Any) -> None:
+    """``torch.save(obj, path)`` through a temporary file and ``os.replace``, so
+    ``path`` holds either the old file or the complete new one (06, 11)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "xb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on disk before the rename
+        os.replace(temporary, path)  # atomic on POSIX and Windows
+    except BaseException:  # Ctrl-C included: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+    _sync_directory(path.parent)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where it is not supported."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    map_location: str | torch.device | Device | None = "cpu",
+    strict: bool = True,
+    weights_only: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint into ``model`` (wrapped or not) and ``optimizer``; accepts
+    :func:`save_checkpoint` files and bare state_dicts, prefixed or not. Returns
+    the checkpoint dict (``"epoch"`` and any extras) (06, 11)."""
+    path = Path(path)
+    if isinstance(map_location, Device):
+        map_location = map_location.torch_device
+    loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+    if not isinstance(loaded, Mapping):
+        raise TypeError(
+            f"{path.name} holds a {type(loaded).__name__}, not a checkpoint dict or "
+            "a state_dict. Save with save_checkpoint(path, model) or "
+            "torch.save(model.state_dict(), path)."
+        )
+    if isinstance(loaded.get(MODEL_KEY), Mapping):
+        checkpoint = dict(loaded)
+    else:  # a bare state_dict, e.g. from torch.save(model.state_dict(), path)
+        checkpoint = {MODEL_KEY: loaded, OPTIMIZER_KEY: None, EPOCH_KEY: None}
+    load_model_state(model, checkpoint[MODEL_KEY], strict=strict, source=path.name)
+    if optimizer is not None:
+        if checkpoint.get(OPTIMIZER_KEY) is None:
+            raise ValueError(
+                f"{path.name} holds no optimizer state, so the optimizer cannot be "
+                "restored. Save with save_checkpoint(path, model, optimizer), or "
+                "load with optimizer=None."
+            )
+        optimizer.load_state_dict(checkpoint[OPTIMIZER_KEY])
+    return checkpoint

@@ -1,0 +1,86 @@
+"""Bus bandwidth of hand-written naive and ring all-reduce against dist.all_reduce.
+
+    python bench/allreduce.py                       # 1, 16, 64 MiB on 2 and 4 ranks
+    python bench/allreduce.py --sizes-mib 1 4 --world-sizes 2 --repeats 3
+
+One run prints one table: for each world size and float32 tensor size, the bus
+bandwidth (nccl-tests' busbw = size / time · 2(n-1)/n) of multigpu.collectives'
+naive and ring all-reduce and of torch.distributed.all_reduce (gloo on CPU, nccl on
+GPUs), and the ratio ring / dist.all_reduce (above 1: the hand-written ring is
+faster). Each time is the median over the repeats of the slowest rank; the three
+methods take turns in every repeat, and small tensors get more repeats (up to 8x).
+Taught in notebooks/07_collectives_from_scratch.ipynb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from multigpu import collectives
+from multigpu.launch import spawn
+
+MiB = 2**20
+
+
+def repeats_for(nbytes: int, repeats: int) -> int:
+    """More repeats for small tensors, whose times are short and noisy."""
+    return max(repeats, min(8 * repeats, repeats * 16 * MiB // nbytes))
+
+
+def run(world_sizes: list[int], sizes_mib: list[int], repeats: int) -> list[dict]:
+    """One row per (world size, size) with the three bus bandwidths in GB/s."""
+    table = []
+    for world_size in world_sizes:
+        for nbytes in [size * MiB for size in sizes_mib]:
+            rows = spawn(
+                collectives.time_all_reduces,
+                world_size,
+                [nbytes],
+                repeats_for(nbytes, repeats),
+                timeout=300.0,
+            )[0]  # every rank holds the same (slowest-rank) times
+            busbw = {row["algorithm"]: row["busbw GB/s"] for row in rows}
+            table.append(
+                {
+                    "world_size": world_size,
+                    "MiB": nbytes // MiB,
+                    **busbw,
+                    "ring / dist.all_reduce": busbw["ring"] / busbw["dist.all_reduce"],
+                }
+            )
+    return table
+
+
+def print_table(table: list[dict]) -> None:
+    header = (
+        f"{'ranks':>5} {'MiB':>5} {'naive GB/s':>11} {'ring GB/s':>10} "
+        f"{'dist GB/s':>10} {'ring/dist':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in table:
+        print(
+            f"{row['world_size']:>5} {row['MiB']:>5} {row['naive']:>11.3f} "
+            f"{row['ring']:>10.3f} {row['dist.all_reduce']:>10.3f} "
+            f"{row['ring / dist.all_reduce']:>10.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--repeats", type=int, default=7)
+    options = parser.parse_args()
+    start = time.perf_counter()
+    table = run(options.world_sizes, options.sizes_mib, options.repeats)
+    print_table(table)
+    print(
+        f"busbw = size / time * 2(n-1)/n; median of >= {options.repeats} repeats; "
+        f"{time.perf_counter() - start:.0f} s in all"
+    )
+
+
+if __name__ == "__main__":
+    main()

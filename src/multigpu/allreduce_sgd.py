@@ -1,0 +1,420 @@
+"""Synchronous data-parallel SGD by hand: shard the data, all-reduce the gradients.
+
+Taught in ``notebooks/08_allreduce_sgd.ipynb``. The recipe of PyTorch's tutorial
+"Writing Distributed Applications" (Séb Arnold, 2017), whose names ``DataPartitioner``
+and ``average_gradients`` this module borrows, written with today's API:
+
+1. every rank holds the same model (same seed, same initial weights);
+2. a :class:`DataPartitioner` shuffles the sample indices with a fixed seed and deals
+   them to the ranks like cards, so the shards are disjoint;
+3. each step every rank computes the loss on its own ``global_batch / world_size``
+   samples and calls ``backward()``;
+4. the gradients are summed over the ranks with an all-reduce (``"naive"`` or
+   ``"ring"`` from :mod:`multigpu.collectives`, or ``"torch"`` for
+   ``dist.all_reduce``) and divided by ``world_size``;
+5. every rank takes the same optimizer step, so the replicas stay identical.
+
+How the shards relate to the global batch: epoch ``e`` uses one permutation
+``order`` of the N sample indices (seeded with ``seed + e``, as ``DistributedSampler``
+does), and rank ``r`` owns ``order[r::world_size]``. Rank ``r``'s ``k``-th batch is
+``order[k*G + r : (k+1)*G : world_size]`` for a global batch of ``G`` samples, so the
+``k``-th batches of all ranks together are exactly ``order[k*G : (k+1)*G]``: the
+``k``-th batch of a single process that uses the same ``order``. Equal per-rank batch
+sizes make the mean of the per-rank mean losses the mean over the global batch, so
+averaged gradients equal the global-batch gradient and k steps on ``world_size``
+processes equal k steps of :func:`train_single_process`. The last ``N % G`` samples
+of each epoch's order are not used (``drop_last``), which keeps every batch full.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import collectives
+from .launch import spawn
+
+ALLREDUCE_METHODS = ("naive", "ring", "torch")  # names accepted by `allreduce=`
+REDUCTIONS = ("average", "scale_loss")  # names accepted by `reduction=`
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    """Hyper-parameters of a data-parallel SGD run; the same for every rank (08)."""
+
+    global_batch: int = 64  # samples per optimizer step, summed over all ranks
+    steps: int = 20  # optimizer steps; a new shuffled epoch starts when data runs out
+    lr: float = 0.1  # SGD learning rate
+    momentum: float = 0.0  # SGD momentum
+    seed: int = 0  # seeds the data order (epoch e uses seed + e)
+    allreduce: str = "ring"  # "naive", "ring" (multigpu.collectives) or "torch"
+    reduction: str = "average"  # "average" gradients or "scale_loss" then sum
+
+    def __post_init__(self) -> None:
+        _check_positive_int("global_batch", self.global_batch)
+        _check_positive_int("steps", self.steps)
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}. Pass e.g. lr=0.1.")
+        _check_choice("all-reduce", self.allreduce, ALLREDUCE_METHODS)
+        _check_choice("reduction", self.reduction, REDUCTIONS)
+
+
+@dataclass
+class TrainResult:
+    """What one rank (or the single process) returns after training (08)."""
+
+    rank: int  # 0 for the single process
+    world_size: int  # 1 for the single process
+    # Mean loss over this rank's own batch, one entry per step.
+    losses: list[float] = field(default_factory=list)
+    # The final weights (the model's state_dict), the same on every rank.
+    parameters: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def per_rank_batch_size(global_batch: int, world_size: int) -> int:
+    """Samples per rank per step: ``global_batch // world_size``, only if exact (08)."""
+    _check_positive_int("global_batch", global_batch)
+    _check_positive_int("world_size", world_size)
+    if global_batch % world_size != 0:
+        lower = global_batch - global_batch % world_size
+        higher = lower + world_size
+        nearest = f"{higher}" if lower == 0 else f"{lower} or {higher}"
+        raise ValueError(
+            f"A global batch of {global_batch} does not split evenly over "
+            f"{world_size} ranks ({global_batch} / {world_size} = "
+            f"{global_batch / world_size:.4g} samples each). Choose a global batch "
+            f"that is a multiple of the world size, e.g. {nearest}."
+        )
+    return global_batch // world_size
+
+
+class DataPartitioner:
+    """Deals a seeded shuffle of indices 0..N-1 to ranks: rank r owns order[r::R] (08).
+
+    Unlike the old tutorial's partitioner (contiguous fractions of one shuffle), the
+    shards interleave, so the ranks' k-th batches together form the single-process
+    run's k-th global batch. Shard sizes differ by at most one sample: unlike
+    ``DistributedSampler(drop_last=False)``, nothing is padded or seen twice.
+    """
+
+    def __init__(self, num_samples: int, world_size: int, seed: int = 0) -> None:
+        _check_positive_int("num_samples", num_samples)
+        _check_positive_int("world_size", world_size)
+        self.num_samples = num_samples
+        self.world_size = world_size
+        self.seed = seed
+
+    def order(self, epoch: int = 0) -> torch.Tensor:
+        """The epoch's permutation of all indices, (num_samples,) int64."""
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def shard(self, rank: int, epoch: int = 0) -> torch.Tensor:
+        """The indices rank ``rank`` owns this epoch, (about num_samples / R,) int64."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(
+                f"rank {rank} is outside this world of {self.world_size} ranks. "
+                f"Pass a rank from 0 to {self.world_size - 1}."
+            )
+        return self.order(epoch)[rank :: self.world_size]
+
+    def shards(self, epoch: int = 0) -> list[torch.Tensor]:
+        """Every rank's shard, in rank order."""
+        return [self.shard(rank, epoch) for rank in range(self.world_size)]
+
+
+def batch_indices(
+    num_samples: int,
+    global_batch: int,
+    steps: int,
+    world_size: int = 1,
+    rank: int = 0,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """Rank ``rank``'s sample indices for each step: ``steps`` tensors of (G/R,) (08).
+
+    With ``world_size=1`` these are the single process's global batches.
+    """
+    per_rank = per_rank_batch_size(global_batch, world_size)
+    steps_per_epoch = num_samples // global_batch
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"The global batch of {global_batch} is larger than the {num_samples} "
+            "samples, so not even one full batch fits. Use a global batch of at most "
+            f"{num_samples}."
+        )
+    partitioner = DataPartitioner(num_samples, world_size, seed)
+    batches: list[torch.Tensor] = []
+    for step in range(steps):
+        epoch, k = divmod(step, steps_per_epoch)
+        if k == 0:
+            shard = partitioner.shard(rank, epoch)
+        batches.append(shard[k * per_rank : (k + 1) * per_rank])
+    return batches
+
+
+def allreduce_sum(tensor: torch.Tensor, method: str = "ring") -> None:
+    """Sum ``tensor`` over all ranks in place with the named all-reduce (08)."""
+    _check_choice("all-reduce", method, ALLREDUCE_METHODS)
+    if method == "torch":
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return
+    if method == "ring":
+        collectives.ring_all_reduce(tensor)
+    else:
+        collectives.naive_all_reduce(tensor)
+
+
+def sum_gradients(model: nn.Module, method: str = "ring") -> None:
+    """Replace every gradient by its sum over the ranks, with one all-reduce (08).
+
+    The gradients travel as one flat buffer (one message per step instead of one per
+    parameter, as DDP's buckets do).
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        raise RuntimeError(
+            "The model has no gradients to reduce. Call loss.backward() before "
+            "summing or averaging gradients."
+        )
+    flat = torch.cat([g.reshape(-1) for g in grads])  # (total parameters,)
+    allreduce_sum(flat, method)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def average_gradients(model: nn.Module, method: str = "ring") -> None:
+    """Replace every gradient by its mean over the ranks: sum, then divide (08)."""
+    sum_gradients(model, method)
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(world_size)
+
+
+def sgd_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: SGDConfig,
+    distributed: bool = False,
+) -> float:
+    """One step on this rank's batch X (B, ...), y (B,); returns its mean loss (08).
+
+    ``distributed=False``: plain SGD, nothing is communicated.
+    ``distributed=True`` with ``reduction="average"``: backward the local mean loss,
+    then average the gradients over the ranks. With ``reduction="scale_loss"``:
+    backward ``loss / world_size``, then sum the gradients. Both give the same update.
+    """
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(X), y)  # mean over this rank's batch
+    if not distributed:
+        loss.backward()
+    elif config.reduction == "scale_loss":
+        (loss / dist.get_world_size()).backward()
+        sum_gradients(model, config.allreduce)
+    else:
+        loss.backward()
+        average_gradients(model, config.allreduce)
+    optimizer.step()
+    return loss.item()
+
+
+def _train(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: SGDConfig,
+    rank: int = 0,
+    world_size: int = 1,
+    distributed: bool = False,
+) -> TrainResult:
+    """The loop shared by the single process and every rank."""
+    device = _rank_device() if distributed else torch.device("cpu")
+    model = copy.deepcopy(model).to(device)  # never change the caller's weights
+    model.train()
+    X, y = X.to(device), y.to(device)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum
+    )
+    result = TrainResult(rank=rank, world_size=world_size)
+    steps = batch_indices(
+        len(X), config.global_batch, config.steps, world_size, rank, config.seed
+    )
+    for indices in steps:  # indices: (global_batch / world_size,)
+        loss = sgd_step(model, optimizer, X[indices], y[indices], config, distributed)
+        result.losses.append(loss)
+    result.parameters = {  # on the CPU, so the caller can compare them anywhere
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in model.state_dict().items()
+    }
+    return result
+
+
+def _rank_device() -> torch.device:
+    """This rank's GPU under nccl (launch.spawn set it), else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def train_single_process(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: SGDConfig
+) -> TrainResult:
+    """The reference: plain SGD on the global batch in this process (08).
+
+    X (N, ...) and y (N,) are the whole training set; ``model`` is not changed.
+    ``config.allreduce`` and ``config.reduction`` are not used.
+    """
+    return _train(model, X, y, config)
+
+
+def train_worker(
+    rank: int,
+    world_size: int,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    configs: dict[str, SGDConfig],
+) -> dict[str, TrainResult]:
+    """What each process runs: one training run per named config, in order (08)."""
+    return {
+        name: _train(model, X, y, config, rank, world_size, distributed=True)
+        for name, config in configs.items()
+    }
+
+
+def compare_data_parallel(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    configs: dict[str, SGDConfig],
+    world_size: int,
+    timeout: float = 30.0,
+    backend: str = "gloo",
+) -> dict[str, list[TrainResult]]:
+    """Several runs in one launch of ``world_size`` processes: {name: results by rank}.
+
+    Starting processes costs seconds; training a small model costs less, so the
+    notebook compares all-reduce variants inside one launch (08). ``backend="gloo"``
+    keeps every rank on the CPU, where the single-process reference runs too;
+    ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank).
+    """
+    for config in configs.values():  # fail here, before any process starts
+        per_rank_batch_size(config.global_batch, world_size)
+    per_rank = spawn(
+        train_worker,
+        world_size,
+        model,
+        X,
+        y,
+        configs,
+        backend=backend,
+        timeout=timeout,
+    )
+    return {name: [results[name] for results in per_rank] for name in configs}
+
+
+def train_data_parallel(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: SGDConfig,
+    world_size: int,
+    timeout: float = 30.0,
+    backend: str = "gloo",
+) -> list[TrainResult]:
+    """Train on ``world_size`` processes; one TrainResult per rank, by rank (08).
+
+    X (N, ...) and y (N,) are the whole training set; every rank starts from a copy
+    of ``model`` (which is not changed) and trains on its own shard of each batch.
+    ``backend``: as in :func:`compare_data_parallel`.
+    """
+    runs = compare_data_parallel(
+        model, X, y, {"run": config}, world_size, timeout, backend
+    )
+    return runs["run"]
+
+
+def world_losses(results: list[TrainResult]) -> list[float]:
+    """Per step, the mean of the ranks' losses = the loss on the global batch (08)."""
+    steps = zip(*(result.losses for result in results), strict=True)
+    return [sum(losses) / len(results) for losses in steps]
+
+
+def max_parameter_difference(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
+) -> float:
+    """Largest absolute difference between two state_dicts with the same keys (08)."""
+    if a.keys() != b.keys():
+        raise ValueError(
+            "The two state_dicts have different keys. Compare parameters of the "
+            "same model architecture."
+        )
+    return max((a[name] - b[name]).abs().max().item() for name in a)
+
+
+def compare_with_reference(
+    results: list[TrainResult], reference: TrainResult
+) -> tuple[bool, float, float]:
+    """(ranks bit-for-bit identical, max |weight difference|, max |loss difference|)
+    of a data-parallel run against the single-process reference (08)."""
+    first = results[0].parameters
+    identical = all(
+        torch.equal(result.parameters[name], tensor)
+        for result in results
+        for name, tensor in first.items()
+    )
+    weights = max(
+        max_parameter_difference(result.parameters, reference.parameters)
+        for result in results
+    )
+    losses = world_losses(results)
+    loss_difference = max(
+        abs(a - b) for a, b in zip(losses, reference.losses, strict=True)
+    )
+    return identical, weights, loss_difference
+
+
+def evaluate_parameters(
+    model: nn.Module,
+    parameters: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy on X (N, ...), y (N,) with these weights (08).
+
+    ``model`` gives the architecture and is not changed.
+    """
+    model = copy.deepcopy(model)
+    model.load_state_dict(parameters)
+    model.eval()
+    with torch.no_grad():
+        logits = model(X)  # (N, classes)
+    loss = nn.functional.cross_entropy(logits, y).item()
+    accuracy = (logits.argmax(dim=1) == y).float().mean().item()
+    return loss, accuracy
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        whole = isinstance(value, float) and value.is_integer() and value >= 1
+        example = f"{name}={int(value)}" if whole else f"{name}=1 or more"
+        raise ValueError(
+            f"{name} must be an integer of at least 1, got {value!r}. "
+            f"Pass a whole number of type int, e.g. {example}."
+        )
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"Unknown {what} {value!r}. Choose one of: {', '.join(choices)}."
+        )

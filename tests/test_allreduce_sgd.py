@@ -1,0 +1,209 @@
+"""Hand-written data-parallel SGD equals single-process SGD on the global batch."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from multigpu.allreduce_sgd import (
+    ALLREDUCE_METHODS,
+    DataPartitioner,
+    SGDConfig,
+    batch_indices,
+    compare_data_parallel,
+    compare_with_reference,
+    evaluate_parameters,
+    max_parameter_difference,
+    per_rank_batch_size,
+    train_data_parallel,
+    train_single_process,
+    world_losses,
+)
+from multigpu.models import ConvNet
+
+NUM_SAMPLES = 40  # 2 full global batches of 16 per epoch; 8 samples left over
+# 6 steps = 3 epochs, so the per-epoch reshuffle is covered too. Momentum makes a
+# step depend on every earlier gradient, so any mismatch would add up.
+CONFIG = SGDConfig(global_batch=16, steps=6, lr=0.2, momentum=0.5, seed=3)
+RUNS = {method: replace(CONFIG, allreduce=method) for method in ALLREDUCE_METHODS}
+RUNS["ring, scale_loss"] = replace(CONFIG, allreduce="ring", reduction="scale_loss")
+TIMEOUT = 30.0  # seconds for the rendezvous and each collective (only a hang waits)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """A tiny ConvNet and random 8x8 images: (model, X (40, 1, 8, 8), y (40,))."""
+    torch.manual_seed(0)
+    model = ConvNet(in_channels=1, num_classes=3, width=4)
+    X = torch.randn(NUM_SAMPLES, 1, 8, 8)
+    y = torch.randint(0, 3, (NUM_SAMPLES,))
+    return model, X, y
+
+
+@pytest.fixture(scope="module")
+def reference(problem):
+    return train_single_process(*problem, CONFIG)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"world{n}")
+def runs(request, problem):
+    """Every run in RUNS in one launch of 1, 2 or 4 processes: {name: by rank}."""
+    return compare_data_parallel(*problem, RUNS, request.param, timeout=TIMEOUT)
+
+
+def test_reference_training_moves_the_weights(problem, reference):
+    model, _, _ = problem
+    # Otherwise "equal to the reference" below would prove little.
+    assert max_parameter_difference(reference.parameters, model.state_dict()) > 1e-2
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_rank_ends_with_identical_parameters(runs, name):
+    results = runs[name]
+    assert [r.rank for r in results] == list(range(len(results)))
+    for result in results[1:]:
+        for key, tensor in results[0].parameters.items():
+            assert torch.equal(result.parameters[key], tensor), (name, key)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_parameters_equal_single_process_sgd_on_the_global_batch(runs, reference, name):
+    for result in runs[name]:
+        assert result.parameters.keys() == reference.parameters.keys()
+        for key, tensor in reference.parameters.items():
+            torch.testing.assert_close(result.parameters[key], tensor)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_mean_of_rank_losses_is_the_global_batch_loss(runs, reference, name):
+    results = runs[name]
+    assert all(len(r.losses) == CONFIG.steps for r in results)
+    torch.testing.assert_close(
+        torch.tensor(world_losses(results)), torch.tensor(reference.losses)
+    )
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_compare_with_reference_summarises_the_agreement(runs, reference, name):
+    identical, weights, losses = compare_with_reference(runs[name], reference)
+    assert identical is True
+    assert 0 <= weights < 1e-5 and 0 <= losses < 1e-5
+
+
+def test_scaling_the_loss_gives_the_same_update_as_averaging(runs):
+    for averaged, scaled in zip(runs["ring"], runs["ring, scale_loss"], strict=True):
+        for key, tensor in averaged.parameters.items():
+            torch.testing.assert_close(scaled.parameters[key], tensor)
+
+
+def test_the_original_model_is_not_changed(problem, runs):
+    model, _, _ = problem
+    torch.manual_seed(0)  # as in the `problem` fixture
+    untouched = ConvNet(in_channels=1, num_classes=3, width=4)
+    assert max_parameter_difference(model.state_dict(), untouched.state_dict()) == 0
+
+
+@pytest.mark.parametrize("num_samples", [1, 10, 37, 40])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_partitioner_gives_disjoint_shards_that_cover_the_data(num_samples, world_size):
+    partitioner = DataPartitioner(num_samples, world_size, seed=5)
+    for epoch in (0, 1):
+        shards = partitioner.shards(epoch)
+        assert len(shards) == world_size
+        everything = torch.cat(shards)
+        assert len(everything) == num_samples  # disjoint: no index twice ...
+        assert sorted(everything.tolist()) == list(range(num_samples))  # ... covering
+        sizes = [len(shard) for shard in shards]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_partitioner_is_seeded_and_reshuffles_each_epoch():
+    a, b = DataPartitioner(100, 4, seed=1), DataPartitioner(100, 4, seed=1)
+    assert torch.equal(a.shard(2, epoch=0), b.shard(2, epoch=0))
+    assert not torch.equal(a.shard(2, epoch=0), a.shard(2, epoch=1))
+    assert not torch.equal(a.order(0), DataPartitioner(100, 4, seed=2).order(0))
+    with pytest.raises(ValueError, match="rank 4 is outside this world of 4 ranks"):
+        a.shard(4)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ranks_batches_together_are_the_single_process_global_batches(world_size):
+    num_samples, global_batch, steps = 50, 12, 9  # 4 steps per epoch, 2 left over
+    single = batch_indices(num_samples, global_batch, steps, seed=7)
+    per_rank = [
+        batch_indices(num_samples, global_batch, steps, world_size, rank, seed=7)
+        for rank in range(world_size)
+    ]
+    for step in range(steps):
+        batches = [ranks_batches[step] for ranks_batches in per_rank]
+        assert all(len(batch) == global_batch // world_size for batch in batches)
+        union = torch.cat(batches).sort().values
+        assert torch.equal(union, single[step].sort().values), step
+    # Within an epoch the single process never repeats a sample.
+    assert len(set(torch.cat(single[:4]).tolist())) == 4 * global_batch
+
+
+def test_per_rank_batch_size_divides_the_global_batch():
+    assert per_rank_batch_size(128, 4) == 32
+    assert per_rank_batch_size(64, 1) == 64
+    assert isinstance(per_rank_batch_size(128, 4), int)
+
+
+def test_non_dividing_global_batch_is_a_clear_error():
+    message = (
+        r"A global batch of 64 does not split evenly over 3 ranks "
+        r"\(64 / 3 = 21\.33 samples each\)\. Choose a global batch that is a "
+        r"multiple of the world size, e.g\. 63 or 66\."
+    )
+    with pytest.raises(ValueError, match=message):
+        per_rank_batch_size(64, 3)
+    with pytest.raises(ValueError, match=r"e\.g\. 4\.$"):
+        per_rank_batch_size(2, 4)
+
+
+def test_float_batch_size_is_refused():
+    # The old tutorial computed the batch as 128 / float(size): a float.
+    with pytest.raises(ValueError, match=r"got 128\.0\. .* e\.g\. global_batch=128\."):
+        per_rank_batch_size(128 / float(1), 4)
+
+
+def test_launch_refuses_a_non_dividing_batch_before_starting_processes(problem):
+    with pytest.raises(ValueError, match="does not split evenly over 3 ranks"):
+        train_data_parallel(*problem, CONFIG, world_size=3)
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match=r"Unknown all-reduce 'tree'\. Choose one of"):
+        SGDConfig(allreduce="tree")
+    with pytest.raises(ValueError, match=r"Unknown reduction 'sum'\. Choose one of"):
+        SGDConfig(reduction="sum")
+
+
+def test_global_batch_larger_than_the_data_is_a_clear_error():
+    with pytest.raises(ValueError, match="larger than the 10 samples"):
+        batch_indices(10, 16, steps=1)
+
+
+def test_evaluate_parameters_matches_a_direct_forward_pass(problem, reference):
+    model, X, y = problem
+    loss, accuracy = evaluate_parameters(model, reference.parameters, X, y)
+    trained = ConvNet(in_channels=1, num_classes=3, width=4)
+    trained.load_state_dict(reference.parameters)
+    with torch.no_grad():
+        logits = trained(X)
+    expected = torch.nn.functional.cross_entropy(logits, y).item()
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert accuracy == pytest.approx((logits.argmax(1) == y).float().mean().item())
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_on_gpus_ranks_stay_identical_and_ring_matches_nccl(problem):
+    configs = {name: RUNS[name] for name in ("ring", "torch")}
+    runs = compare_data_parallel(*problem, configs, 2, TIMEOUT, backend="nccl")
+    for results in runs.values():
+        for key, tensor in results[0].parameters.items():
+            assert tensor.device.type == "cpu"  # returned to the caller on the CPU
+            assert torch.equal(results[1].parameters[key], tensor)
+    for key, tensor in runs["torch"][0].parameters.items():
+        torch.testing.assert_close(runs["ring"][0].parameters[key], tensor)

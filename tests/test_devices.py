@@ -76,8 +76,11 @@ def test_visible_devices_parsing_matches_pytorch(value, monkeypatch):
     assert parse_visible_devices(value) == torch.cuda._parse_visible_devices()
 
 
-def test_unset_visible_devices_means_every_gpu_in_physical_order():
+def test_unset_visible_devices_means_every_gpu_in_physical_order(monkeypatch):
     assert parse_visible_devices(None) is None
+    # An explicit None means "unset", whatever this process's environment says.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    assert [physical_id(i, None) for i in range(3)] == [0, 1, 2]
 
 
 def test_logical_ids_map_to_physical_ids():

@@ -176,10 +176,17 @@ def _strtoul(text: str) -> int:
     return int(match.group()) if match else -1
 
 
-def physical_id(logical_id: int, visible: str | None = None) -> int | str:
-    """The physical GPU behind logical ``cuda:{logical_id}`` under
-    ``CUDA_VISIBLE_DEVICES`` (default: this process's environment) (00, 03)."""
-    if visible is None:
+FROM_ENVIRONMENT = "<read CUDA_VISIBLE_DEVICES from the environment>"
+
+
+def physical_id(logical_id: int, visible: str | None = FROM_ENVIRONMENT) -> int | str:
+    """The physical GPU behind logical ``cuda:{logical_id}`` under a
+    ``CUDA_VISIBLE_DEVICES`` value (00, 03).
+
+    ``visible=None`` means the variable is unset (ids map to themselves); by
+    default the value is read from this process's environment.
+    """
+    if visible == FROM_ENVIRONMENT:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = parse_visible_devices(visible)
     if entries is None:

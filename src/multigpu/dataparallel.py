@@ -65,6 +65,35 @@ Public API
   backward) under a new recorder and returns ``(loss, recorder)``. Draw them with
   ``multigpu.plots.plot_memory`` and ``plot_timeline``.
 
+What the ledger counts
+----------------------
+Every category is measured on the tensors themselves, nothing is estimated:
+
+- "parameters": each replica's copy of the weights and buffers (on
+  ``device_ids[0]`` the replica shares the model's own memory);
+- "inputs": each device's chunk of the batch (and, from ``record_step``, the
+  targets on ``output_device``);
+- "activations": the tensors forward saves for backward, caught with
+  ``torch.autograd.graph.saved_tensors_hooks`` in each replica's thread, counted
+  once per storage and leaving out what is counted elsewhere (the replica's
+  weights, inputs and outputs); on ``output_device`` also what the loss saves
+  (cross-entropy keeps its log-softmax, as large as the gathered outputs);
+- "outputs": each replica's output; "gathered": the outputs concatenated on
+  ``output_device``; "loss": the loss value;
+- "replica gradients": the gradients of each replica's weights, caught by hooks
+  during backward. Every replica materialises a full set on its own device
+  before they are summed (PyTorch's ``Broadcast.backward`` runs
+  ``ReduceAddCoalesced`` once all of them exist);
+- "gradients": the summed ``.grad`` of the model's parameters on
+  ``device_ids[0]``.
+
+The ledger adds up everything a step creates, as if nothing were freed: an upper
+bound on each device's peak, not what it holds after the step (activations are
+freed during backward, replica gradients once summed; afterwards only the model's
+parameters and ``.grad`` remain, on ``device_ids[0]``). While recording, the
+saved-tensor hooks replace any the caller set in the same thread, and they keep
+autograd's check for tensors modified in place (with a shorter message).
+
 How simulated placement is tracked
 ----------------------------------
 A simulated device stores its tensors on the CPU, so ``tensor.device`` cannot say
@@ -74,12 +103,16 @@ tensors to the ``Device`` they were placed on. ``to_device`` and the four steps
 write to it; ``device_of`` reads it and falls back to ``tensor.device``
 ("cpu" or "cuda:N") for tensors it does not know, including new tensors you
 compute from simulated ones outside the four steps (place them with
-``to_device`` if you need to). Moving a tensor between two
-*different* simulated devices makes a real copy (``clone``), as a transfer
-between GPUs would; on the device it already lives on, nothing is copied.
-``to_device(module, device)`` moves a module in place, like ``module.to``.
-Use ``to_device`` rather than ``module.to("cpu")`` to move a module off a
-simulated device: ``.to`` does not know about the registry.
+``to_device`` if you need to). Moving a tensor between two *different*
+simulated devices makes a real copy (``clone``), as a transfer between GPUs
+would; on the device it already lives on, nothing is copied.
+``to_device(module, device)`` moves a module in place, like ``module.to``, its
+parameters' ``.grad`` included. It also gives each parameter a hook
+(``register_post_accumulate_grad_hook``) that places a new ``.grad`` on the
+parameter's device after every backward, so ``device_of(param.grad)`` answers
+like ``param.grad.device`` does on a real GPU. Use ``to_device`` rather than
+``module.to("cpu")`` to move a module off a simulated device: ``.to`` does not
+know about the registry.
 """
 
 from __future__ import annotations
@@ -167,14 +200,38 @@ def _move(tensor: torch.Tensor, source: Device, target: Device) -> torch.Tensor:
     return _place(moved, target)
 
 
+_grad_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> True
+
+
+def _place_grad(param: torch.Tensor) -> None:
+    """After backward: ``param.grad`` lives where ``param`` lives, as on a GPU."""
+    if param.grad is not None:
+        device = device_of(param)
+        if device.simulated:
+            _place(param.grad, device)
+
+
+def _track_grads(param: torch.Tensor) -> None:
+    """Hook ``param`` once so that every new ``.grad`` is placed with it."""
+    with _placement_lock:
+        if param in _grad_hooked or not param.is_leaf:
+            return
+        _grad_hooked[param] = True
+    param.register_post_accumulate_grad_hook(_place_grad)
+
+
 def to_device(obj: torch.Tensor | nn.Module, device: DeviceSpec) -> Any:
     """``obj.to(device)`` that understands simulated devices: a module is moved in
-    place and returned, a tensor is returned on ``device`` (02, 03)."""
+    place (gradients too) and returned, a tensor is returned on ``device`` (02, 03)."""
     target = _resolve(device)
     if isinstance(obj, nn.Module):
         obj.to(target.torch_device)
         for tensor in chain(obj.parameters(), obj.buffers()):
             _place(tensor, target)
+        for param in obj.parameters():
+            _track_grads(param)
+            if param.grad is not None:
+                _place(param.grad, target)
         return obj
     if isinstance(obj, torch.Tensor):
         return _move(obj, device_of(obj), target)
@@ -219,7 +276,16 @@ def _check_devices(devices: Sequence[DeviceSpec], what: str) -> list[Device]:
 # Recording: bytes per device and a timeline of events
 # ---------------------------------------------------------------------------
 
-CATEGORIES = ("parameters", "inputs", "outputs", "gathered", "loss", "gradients")
+CATEGORIES = (
+    "parameters",  # each replica's weights and buffers
+    "inputs",  # each device's chunk of the batch (+ the targets on output_device)
+    "activations",  # tensors forward (and the loss) saved for backward
+    "outputs",  # each replica's output
+    "gathered",  # the outputs concatenated on output_device
+    "loss",  # the loss value
+    "replica gradients",  # each replica's weight gradients, before they are summed
+    "gradients",  # the summed .grad of the model's parameters, on device_ids[0]
+)
 
 
 @dataclass(frozen=True)
@@ -246,6 +312,83 @@ class _Span:
         with self.recorder._lock:
             self.start = now if self.start is None else min(self.start, now)
             self.end = now if self.end is None else max(self.end, now)
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int]:
+    """(an id of the memory ``tensor`` views, that memory's size in bytes)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):  # e.g. sparse tensors
+        return id(tensor), tensor.numel() * tensor.element_size()
+
+
+class _SavedTensors:
+    """Catches, in the current thread only, every tensor autograd saves for
+    backward: ``with saved.catch(): ...``; ``saved.storages``: id -> bytes."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+        key, nbytes = _storage(tensor)
+        self.storages[key] = nbytes
+        return tensor, tensor._version  # kept as is: nothing is copied
+
+    @staticmethod
+    def _unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+        tensor, version = packed
+        if tensor._version != version:  # the check autograd skips under hooks
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been "
+                f"modified by an inplace operation: [{tensor.type()} "
+                f"{list(tensor.shape)}] is at version {tensor._version}; expected "
+                f"version {version} instead."
+            )
+        return tensor
+
+    @contextmanager
+    def catch(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    def bytes_besides(self, *counted: Any) -> int:
+        """Bytes saved, leaving out the memory of the tensors in ``counted``
+        (tensors, containers of tensors, or modules: their weights and buffers)."""
+        skip = {_storage(t)[0] for obj in counted for t in _tensors_of(obj)}
+        return sum(n for key, n in self.storages.items() if key not in skip)
+
+
+def _tensors_of(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``obj``; for a module (or a replica, whose weights are plain
+    attributes) its parameters, buffers and tensor attributes."""
+    if isinstance(obj, nn.Module):
+        for module in obj.modules():
+            for value in chain(
+                module._parameters.values(),
+                module._buffers.values(),
+                vars(module).values(),
+            ):
+                if isinstance(value, torch.Tensor):  # skips None (e.g. no bias)
+                    yield value
+    else:
+        yield from _tensors(obj)
+
+
+@contextmanager
+def _catch_activations(
+    recorder: Recorder | None, device: Device, *counted: Any
+) -> Iterator[list[Any]]:
+    """Count what the ``with`` body saves for backward as ``device``'s activations,
+    leaving out ``counted`` and whatever the body appends to the yielded list."""
+    results: list[Any] = []
+    if recorder is None or not torch.is_grad_enabled():
+        yield results
+        return
+    saved = _SavedTensors()
+    with saved.catch():
+        yield results
+    recorder.hold_bytes(device, "activations", saved.bytes_besides(*counted, results))
 
 
 _recorders: list[Recorder] = []
@@ -283,10 +426,14 @@ class Recorder:
 
     def hold(self, device: DeviceSpec, category: str, obj: Any) -> None:
         """Add the bytes of every tensor in ``obj`` to ``device``'s ``category``."""
+        self.hold_bytes(device, category, _nbytes(obj))
+
+    def hold_bytes(self, device: DeviceSpec, category: str, nbytes: int) -> None:
+        """Add ``nbytes`` bytes to ``device``'s ``category``."""
         name = _resolve(device).name
         with self._lock:
             per_device = self.ledger.setdefault(name, dict.fromkeys(CATEGORIES, 0))
-            per_device[category] = per_device.get(category, 0) + _nbytes(obj)
+            per_device[category] = per_device.get(category, 0) + nbytes
 
     @contextmanager
     def span(self, device: DeviceSpec, name: str) -> Iterator[None]:
@@ -495,10 +642,23 @@ def replicate(
             with recorder._lock:
                 recorder._spans.append(span)
                 recorder._replica_spans[replica] = span
+            count_gradient = _counter(recorder, device, "replica gradients")
             for weight in weights:
                 if weight.requires_grad:
                     weight.register_hook(span.touch)
+                    weight.register_hook(count_gradient)
     return replicas
+
+
+def _counter(
+    recorder: Recorder, device: Device, category: str
+) -> Callable[[torch.Tensor], None]:
+    """A tensor hook that adds the bytes of each gradient it sees to the ledger."""
+
+    def count(grad: torch.Tensor) -> None:
+        recorder.hold(device, category, grad)
+
+    return count
 
 
 class _ReplicaError:
@@ -626,7 +786,10 @@ def parallel_apply(
                 if not isinstance(input, (list, tuple)):
                     input = (input,)  # a lone tensor is one argument, not a batch
                 start = recorder.now() if recorder else 0.0
-                output = module(*input, **kwargs)
+                counted = (module, input, kwargs)
+                with _catch_activations(recorder, device, *counted) as kept:
+                    output = module(*input, **kwargs)
+                    kept.append(output)
             for tensor in _tensors(output):
                 if _unplaced(tensor):  # a new tensor computed on this device
                     _place(tensor, device)
@@ -767,8 +930,13 @@ class DataParallel(nn.Module):
             module_kwargs = ({},)
         if len(self.device_ids) == 1:
             _hold(self.src_device, "parameters", self._weights())
-            with _span(self.src_device, "forward"):
+            counted = (self.module, inputs[0], module_kwargs[0])
+            with (
+                _span(self.src_device, "forward"),
+                _catch_activations(_active(), self.src_device, *counted) as kept,
+            ):
                 output = self.module(*inputs[0], **module_kwargs[0])
+                kept.append(output)
             _hold(self.src_device, "outputs", output)
             return output
         replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
@@ -813,7 +981,8 @@ def record_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, Recorder]:
     """One training step (forward, loss on ``output_device``, backward) recorded:
-    returns ``(loss, recorder)`` with the ledger and timeline (03, 06)."""
+    returns ``(loss, recorder)`` with the ledger and timeline (03, 06). The ledger
+    sums every tensor the step creates: an upper bound on each device's peak."""
     if loss_fn is None:
         loss_fn = nn.functional.cross_entropy
     output_device = model.output_device
@@ -821,8 +990,12 @@ def record_step(
         outputs = model(inputs)
         targets = to_device(targets, output_device)
         recorder.hold(output_device, "inputs", targets)
-        with recorder.span(output_device, "loss"):
+        with (
+            recorder.span(output_device, "loss"),
+            _catch_activations(recorder, output_device, outputs, targets) as kept,
+        ):
             loss = _place(loss_fn(outputs, targets), output_device)
+            kept.append(loss)
         recorder.hold(output_device, "loss", loss)
         start = recorder.now()
         loss.backward()

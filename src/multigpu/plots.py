@@ -55,12 +55,15 @@ def _byte_unit(largest: float) -> tuple[float, str]:
 def plot_memory(
     ledger: Mapping[str, Mapping[str, int]], title: str | None = None
 ) -> Figure:
-    """Bytes held per device as stacked bars, one colour per category, from a
-    ``multigpu.dataparallel.Recorder.ledger`` (device -> category -> bytes) (03)."""
+    """Bytes per device as stacked bars, one colour per category, from a
+    ``multigpu.dataparallel.Recorder.ledger`` (device -> category -> bytes). The
+    bars sum everything the step created: an upper bound on the peak (03)."""
     devices = list(ledger)
     categories: list[str] = []
     for per_device in ledger.values():
         categories += [c for c in per_device if c not in categories]
+    # one fixed colour per category, so two charts of one notebook match
+    colours = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(categories)}
     largest = max((sum(c.values()) for c in ledger.values()), default=0)
     scale, unit = _byte_unit(largest)
     fig, ax = plt.subplots(figsize=(1.2 * len(devices) + 3.5, 3.2))
@@ -69,11 +72,28 @@ def plot_memory(
         heights = [ledger[d].get(category, 0) / scale for d in devices]
         if not any(heights):
             continue
-        ax.bar(devices, heights, bottom=bottoms, label=category, width=0.6)
+        ax.bar(
+            devices,
+            heights,
+            bottom=bottoms,
+            label=category,
+            width=0.6,
+            color=colours[category],
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set(ylabel=f"held during the step ({unit})", title=title or "memory per device")
+    ax.set(
+        ylabel=f"created in one step ({unit})",
+        title=title or "memory per device (sum over one step)",
+    )
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()  # top of the stack first
+    ax.legend(
+        handles[::-1],
+        labels[::-1],
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        fontsize="small",
+    )
     fig.tight_layout()
     return fig
 

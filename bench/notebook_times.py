@@ -47,7 +47,7 @@ def main(args: list[str]) -> int:
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"budget {BUDGET_SECONDS:.0f} s per notebook"
     )
-    print(f"{'notebook':58} {'seconds':>8}  within budget", flush=True)
+    print(f"{'notebook':70} {'seconds':>8}  within budget", flush=True)
     over = 0
     total = 0.0
     for path in notebooks(args):
@@ -56,10 +56,10 @@ def main(args: list[str]) -> int:
         ok = seconds <= BUDGET_SECONDS
         over += not ok
         print(
-            f"{str(path.relative_to(ROOT)):58} {seconds:8.1f}  {'yes' if ok else 'NO'}",
+            f"{str(path.relative_to(ROOT)):70} {seconds:8.1f}  {'yes' if ok else 'NO'}",
             flush=True,
         )
-    print(f"{'total':58} {total:8.1f}  {over} over budget")
+    print(f"{'total':70} {total:8.1f}  {over} over budget")
     return 0
 
 

@@ -26,3 +26,57 @@ def test_several_runs_are_labelled():
         "2 devices train",
     ]
     assert len(fig.axes[1].lines) == 0
+
+
+def test_memory_bars_stack_each_devices_bytes():
+    from multigpu.plots import plot_memory
+
+    mib = 2**20
+    ledger = {
+        "gpu:0": {"parameters": 2 * mib, "gathered": 1 * mib},
+        "gpu:1": {"parameters": 2 * mib},
+    }
+    fig = plot_memory(ledger)
+    ax = fig.axes[0]
+    bars = {
+        (label, round(patch.get_x() + patch.get_width() / 2)): patch
+        for container in ax.containers
+        for label in [container.get_label()]
+        for patch in container
+    }
+    assert bars[("parameters", 0)].get_height() == 2.0  # MiB
+    assert bars[("gathered", 0)].get_y() == 2.0  # stacked on top of the weights
+    assert bars[("gathered", 1)].get_height() == 0.0  # nothing gathered on gpu:1
+    assert "MiB" in ax.get_ylabel()
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == ["gathered", "parameters"]  # top of the stack first
+
+
+def test_timeline_has_one_lane_per_device_and_bars_where_events_are():
+    from multigpu.dataparallel import Event
+    from multigpu.plots import plot_timeline
+
+    events = [
+        Event("gpu:0", "forward", 0.001, 0.003),
+        Event("gpu:1", "forward", 0.001, 0.002),
+        Event("gpu:0", "gather", 0.004, 0.005),
+    ]
+    ax = plot_timeline(events).axes[0]
+    assert [tick.get_text() for tick in ax.get_yticklabels()] == ["gpu:0", "gpu:1"]
+    spans = sorted(
+        (round(path.vertices[:, 0].min(), 6), round(path.vertices[:, 0].max(), 6))
+        for collection in ax.collections
+        for path in collection.get_paths()
+    )
+    assert spans == [(1.0, 2.0), (1.0, 3.0), (4.0, 5.0)]  # milliseconds
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == ["forward", "gather"]
+
+
+def test_timeline_lanes_follow_device_numbers():
+    from multigpu.dataparallel import Event
+    from multigpu.plots import plot_timeline
+
+    names = ["gpu:10", "gpu:2", "gpu:0"]
+    ax = plot_timeline([Event(n, "forward", 0.0, 0.001) for n in names]).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["gpu:0", "gpu:2", "gpu:10"]

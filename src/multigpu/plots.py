@@ -98,10 +98,16 @@ def plot_memory(
     return fig
 
 
+def _device_order(name: str) -> tuple[str, int]:
+    """Sort key: "gpu:2" before "gpu:10" (by kind, then by number)."""
+    kind, _, number = name.partition(":")
+    return kind, int(number) if number.isdigit() else -1
+
+
 def plot_timeline(events: list, title: str | None = None) -> Figure:
     """One lane per device, one bar per event (``device, name, start, end``; e.g.
     ``Recorder.events``), coloured by event name, time in ms (06)."""
-    devices = sorted({e.device for e in events})
+    devices = sorted({e.device for e in events}, key=_device_order)
     names: list[str] = []
     for e in events:
         if e.name not in names:

@@ -2,6 +2,7 @@
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import psutil
 import pytest
@@ -139,6 +140,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback(no_leftovers):
     assert str(error) == "Rank 1 of 3 failed with ValueError: rank 1 found a bad batch"
     assert error.rank == 1
     assert 'raise ValueError(f"rank {rank} found a bad batch")' in error.traceback
+    assert not error.timed_out
     assert error.traceback in str(error.__cause__)
 
 
@@ -150,6 +152,7 @@ def test_a_rank_killed_by_sigkill_is_named(no_leftovers):
     error = caught.value
     assert str(error) == "Rank 2 of 3 was killed by SIGKILL without reporting an error"
     assert (error.rank, error.exitcode) == (2, -9)
+    assert not error.timed_out
 
 
 def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
@@ -160,8 +163,30 @@ def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
     assert 2.0 <= elapsed < 2.0 + SLACK
     error = caught.value
     assert error.rank == 0
+    assert error.timed_out
+    assert error.missing_ranks == [1]
     assert "Rank(s) [1] had not reported" in str(error)
-    assert "Timed out" in str(error)
+
+
+def test_ranks_that_all_wait_for_each_other_time_out(no_leftovers):
+    with pytest.raises(WorkerError) as caught:
+        spawn(examples.wait_for_each_other, 2, timeout=2.0)
+    error = caught.value
+    assert error.timed_out
+    assert error.missing_ranks == []  # both reported: torch's own error said so
+
+
+def test_a_timeout_is_recognised_by_kind_and_only_after_the_timeout():
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    with pytest.raises(dist.DistStoreError) as caught:  # a rendezvous that never ends
+        store.wait(["a key no rank sets"], timedelta(seconds=0.1))
+    store_timeout = caught.value
+    assert launch._is_timeout(store_timeout, waited_s=2.0, timeout=1.0)
+    assert launch._is_timeout(TimeoutError(), waited_s=2.0, timeout=1.0)
+    assert not launch._is_timeout(store_timeout, waited_s=0.5, timeout=1.0)
+    assert not launch._is_timeout(ValueError("timed out"), waited_s=2.0, timeout=1.0)
 
 
 def test_processes_a_rank_started_are_ended_too(tmp_path, no_leftovers):

@@ -68,6 +68,13 @@ def skip_collective(
     return sum_of_ranks(rank, world_size)
 
 
+def wait_for_each_other(rank: int, world_size: int) -> int:
+    """Every rank waits to receive from its neighbour and none sends: all time out."""
+    incoming = torch.zeros(1)
+    dist.recv(incoming, src=(rank + 1) % world_size)
+    return int(incoming.item())
+
+
 def start_sleeper_then_fail(rank: int, world_size: int, pid_file: str) -> None:
     """Start a long-sleeping subprocess, record its pid in ``pid_file``, then raise."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

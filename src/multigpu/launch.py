@@ -31,9 +31,13 @@ Contract
 - A rank that raises or dies (even from SIGKILL) makes ``spawn`` raise
   :class:`WorkerError` within seconds; it names the rank, and carries the rank's
   traceback (``error.traceback``, also chained as ``error.__cause__``). The other
-  ranks are then ended. Before ``spawn`` returns or raises, every rank is ended and
-  reaped, and anything a rank started is killed (each rank leads its own process
-  group). Only the forkserver itself stays, one per session, until Python exits.
+  ranks are then ended. ``error.timed_out`` says whether the rank gave up waiting
+  for its peers after ``timeout`` (see :func:`_is_timeout`), and
+  ``error.missing_ranks`` lists the ranks that were still running without having
+  reported anything when the error was raised (the usual suspects of a timeout).
+  Before ``spawn`` returns or raises, every rank is ended and reaped, and anything
+  a rank started is killed (each rank leads its own process group). Only the
+  forkserver itself stays, one per session, until Python exits.
 - Each child limits its threads to ``threads`` (``torch.set_num_threads`` and
   ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``), so results do not depend on the core
   count.
@@ -63,7 +67,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -81,14 +85,26 @@ _WATCHDOG_S = 0.5  # how often a child checks that its parent is still alive
 
 class WorkerError(RuntimeError):
     """A rank raised or died: ``rank``, ``exitcode`` (None when it reported an
-    exception), its ``traceback`` text, and ``failures``: every failure seen."""
+    exception), its ``traceback`` text, ``failures`` (every failure seen),
+    ``timed_out`` (it gave up waiting for its peers) and ``missing_ranks`` (ranks
+    still silent when the error was raised, sorted) (07)."""
 
-    def __init__(self, message: str, rank: int, exitcode: int | None, tb: str):
+    def __init__(
+        self,
+        message: str,
+        rank: int,
+        exitcode: int | None,
+        tb: str,
+        timed_out: bool = False,
+        missing_ranks: Sequence[int] = (),
+    ):
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
         self.traceback = tb
         self.failures: list[str] = []
+        self.timed_out = timed_out
+        self.missing_ranks = sorted(missing_ranks)
 
 
 class WorkerNotImportableError(ValueError):
@@ -159,6 +175,7 @@ def _run_rank(
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    rendezvous_start = time.monotonic()  # nothing can time out sooner than timeout
     try:
         worker, args = pickle.loads(payload)
         device = None
@@ -176,6 +193,10 @@ def _run_rank(
             timeout=timedelta(seconds=timeout),
             device_id=device,  # nccl: connect now, one GPU per rank
         )
+        # Every rank has finished connecting before any starts: without this, a rank
+        # whose worker returns at once can exit while a peer is still connecting to
+        # it, and that peer fails with "Connection closed by peer".
+        dist.barrier()
         result = worker(rank, world_size, *args)
         try:
             data = pickle.dumps(result)
@@ -187,8 +208,16 @@ def _run_rank(
         dist.destroy_process_group()
         writer.send_bytes(pickle.dumps(("ok", data)))
     except BaseException as exc:
-        report = ("error", type(exc).__name__, str(exc), traceback.format_exc())
-        writer.send_bytes(pickle.dumps(report + (_is_communication_error(exc),)))
+        waited_s = time.monotonic() - rendezvous_start
+        report = (
+            "error",
+            type(exc).__name__,
+            str(exc),
+            traceback.format_exc(),
+            _is_communication_error(exc),
+            _is_timeout(exc, waited_s, timeout),
+        )
+        writer.send_bytes(pickle.dumps(report))
         writer.close()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -207,6 +236,33 @@ def _is_communication_error(exc: BaseException) -> bool:
     return bool(frames) and "torch/distributed/" in frames[-1].filename.replace(
         "\\", "/"
     )
+
+
+def _is_timeout(exc: BaseException, waited_s: float, timeout: float) -> bool:
+    """True when ``exc`` is torch.distributed giving up on its peers after
+    ``timeout`` seconds, ``waited_s`` seconds after the rendezvous began.
+
+    torch has no single exception type for this. A store wait (the rendezvous
+    included) raises ``DistStoreError``; gloo, a plain ``RuntimeError`` "Timed out
+    waiting ..."; nccl, when it raises rather than ending the process, a
+    ``DistBackendError`` that mentions the timeout. So: nothing times out before
+    ``timeout`` seconds have passed; after that, a Python ``TimeoutError``, a store
+    error, or an error from torch.distributed whose text says it timed out.
+    """
+    import torch.distributed as dist
+
+    if waited_s < timeout:
+        return False
+    if isinstance(exc, TimeoutError):
+        return True
+    if isinstance(exc, dist.DistStoreError) and not isinstance(
+        exc, dist.QueueEmptyError
+    ):
+        return True
+    if not _is_communication_error(exc):
+        return False
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
 
 
 # ----------------------------------------------------------------------------------
@@ -334,7 +390,7 @@ def spawn(
             processes.append(process)
             process.start()
             writer.close()  # only the child holds it now: its exit shows as EOF
-        return _collect(processes, readers)
+        return _collect(processes, readers, timeout)
     finally:
         _end_all(processes)
         for reader in readers:
@@ -348,7 +404,8 @@ class _Failure:
     def __init__(self, rank: int, exitcode: int | None, report: tuple | None):
         self.rank = rank
         self.exitcode = exitcode
-        self.report = report  # ("error", name, message, traceback, is_comm_error)
+        # ("error", name, message, traceback, is_comm_error, timed_out)
+        self.report = report
 
     @property
     def priority(self) -> int:
@@ -360,7 +417,7 @@ class _Failure:
     def describe(self, world_size: int) -> tuple[str, str]:
         """The headline and the traceback text of this failure."""
         if self.report is not None:
-            _, name, message, tb, _ = self.report
+            _, name, message, tb = self.report[:4]
             return f"Rank {self.rank} of {world_size} failed with {name}: {message}", tb
         code = self.exitcode
         if code is not None and code < 0:
@@ -384,8 +441,11 @@ def _receive(reader: Connection) -> tuple | None:
         return None
 
 
-def _collect(processes: list, readers: list[Connection]) -> list[Any]:
+def _collect(
+    processes: list, readers: list[Connection], timeout: float = float("inf")
+) -> list[Any]:
     """Wait for every rank's report; raise WorkerError for the root-cause failure."""
+    started = time.monotonic()
     world_size = len(processes)
     results: list[Any] = [None] * world_size
     pending = set(range(world_size))
@@ -418,15 +478,27 @@ def _collect(processes: list, readers: list[Connection]) -> list[Any]:
             if grace_end is None:
                 grace_end = time.monotonic() + _FAILURE_GRACE_S
     if failures:
-        raise _failure_error(failures, pending, world_size)
+        waited_long_enough = time.monotonic() - started >= timeout
+        raise _failure_error(failures, pending, world_size, waited_long_enough)
     return results
 
 
 def _failure_error(
-    failures: list[_Failure], silent: set[int], world_size: int
+    failures: list[_Failure],
+    silent: set[int],
+    world_size: int,
+    waited_long_enough: bool = False,
 ) -> WorkerError:
-    """One WorkerError for the most telling failure; mention the others briefly."""
+    """One WorkerError for the most telling failure; mention the others briefly.
+
+    It timed out if the rank said so (see :func:`_is_timeout`), or if it failed in
+    torch.distributed after ``timeout`` seconds while other ranks were still running
+    without a word: it was waiting for them.
+    """
     first = min(failures, key=lambda f: (f.priority, f.rank))
+    timed_out = first.priority == 2 and (
+        bool(first.report[5]) or (bool(silent) and waited_long_enough)
+    )
     headline, tb = first.describe(world_size)
     message = headline
     if first.priority == 2 and silent:
@@ -434,7 +506,9 @@ def _failure_error(
             f". Rank(s) {sorted(silent)} had not reported: a rank that never joins "
             "a collective makes the others time out"
         )
-    error = WorkerError(message, first.rank, first.exitcode, tb)
+    error = WorkerError(
+        message, first.rank, first.exitcode, tb, timed_out, missing_ranks=silent
+    )
     # Everything seen, for the curious; left out of the message to keep it stable.
     error.failures = [failure.describe(world_size)[0] for failure in failures]
     error.__cause__ = _RemoteTraceback(tb)

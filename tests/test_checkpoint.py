@@ -181,6 +181,33 @@ def test_optimizer_state_round_trip_continues_training_identically(tmp_path):
     assert_same_state(wrapped, resumed)
 
 
+def test_named_optimizer_keeps_prefixed_names_but_loads_by_position(tmp_path):
+    # notebook 06: param_names carry "module.", load_state_dict ignores them
+    torch.manual_seed(0)
+    X, y = torch.randn(8, 4), torch.randn(8, 2)
+    wrapped = nn.DataParallel(small_model(seed=0))
+    optimizer = torch.optim.SGD(wrapped.named_parameters(), lr=0.1, momentum=0.9)
+    optimizer.zero_grad()
+    nn.functional.mse_loss(wrapped(X), y).backward()
+    optimizer.step()
+    names = optimizer.state_dict()["param_groups"][0]["param_names"]
+    assert names[0] == "module.0.weight"
+    save_checkpoint(tmp_path / "c.pt", wrapped, optimizer)
+    resumed = small_model(seed=5)
+    resumed_optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9)
+    load_checkpoint(tmp_path / "c.pt", resumed, resumed_optimizer)
+    assert resumed_optimizer.param_groups[0]["param_names"] == names  # copied over
+    for before, after in zip(
+        optimizer.param_groups[0]["params"],
+        resumed_optimizer.param_groups[0]["params"],
+        strict=True,
+    ):
+        torch.testing.assert_close(
+            optimizer.state[before]["momentum_buffer"],
+            resumed_optimizer.state[after]["momentum_buffer"],
+        )
+
+
 def test_mismatch_error_lists_keys_and_the_fix(tmp_path):
     save_checkpoint(tmp_path / "c.pt", nn.DataParallel(small_model()))
     other = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.Linear(2, 1))

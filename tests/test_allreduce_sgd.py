@@ -207,3 +207,12 @@ def test_on_gpus_ranks_stay_identical_and_ring_matches_nccl(problem):
             assert torch.equal(results[1].parameters[key], tensor)
     for key, tensor in runs["torch"][0].parameters.items():
         torch.testing.assert_close(runs["ring"][0].parameters[key], tensor)
+
+
+def test_partition_order_is_the_single_device_loaders_order():
+    """Notebook 01's shuffled loader and this partitioner share one epoch order."""
+    from multigpu.data import EpochSampler
+
+    sampler = EpochSampler(50, seed=7)
+    sampler.set_epoch(2)
+    assert DataPartitioner(50, 1, seed=7).order(2).tolist() == list(sampler)

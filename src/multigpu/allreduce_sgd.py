@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import collectives
+from .data import epoch_order
 from .launch import spawn
 
 ALLREDUCE_METHODS = ("naive", "ring", "torch")  # names accepted by `allreduce=`
@@ -110,8 +111,7 @@ class DataPartitioner:
 
     def order(self, epoch: int = 0) -> torch.Tensor:
         """The epoch's permutation of all indices, (num_samples,) int64."""
-        generator = torch.Generator().manual_seed(self.seed + epoch)
-        return torch.randperm(self.num_samples, generator=generator)
+        return epoch_order(self.num_samples, self.seed, epoch)
 
     def shard(self, rank: int, epoch: int = 0) -> torch.Tensor:
         """The indices rank ``rank`` owns this epoch, (about num_samples / R,) int64."""

@@ -170,6 +170,13 @@ def _check_name(name: str) -> str:
     return key
 
 
+def epoch_order(length: int, seed: int = 0, epoch: int = 0) -> torch.Tensor:
+    """One epoch's shuffled order of ``range(length)``, (length,) int64, seeded
+    with ``seed + epoch`` as ``DistributedSampler`` does (01, 08)."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(length, generator=generator)
+
+
 class EpochSampler(torch.utils.data.Sampler[int]):
     """A shuffled order of ``range(length)`` that depends only on ``seed`` and the
     epoch set by :meth:`set_epoch`, like ``DistributedSampler`` on one rank (01)."""
@@ -182,8 +189,7 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.length, generator=generator).tolist())
+        return iter(epoch_order(self.length, self.seed, self.epoch).tolist())
 
     def __len__(self) -> int:
         return self.length

@@ -123,8 +123,8 @@ def test_scatter_matches_pytorch_for_a_lone_tensor(torch_scatter_kwargs):
     ("batch", "sizes"),
     [(10, [3, 3, 3, 1]), (9, [3, 3, 3]), (5, [2, 2, 1]), (3, [1, 1, 1]), (8, [2] * 4)],
 )
-def test_chunk_sizes_on_four_devices(batch, sizes):
-    assert dp.chunk_sizes(batch, 4) == sizes
+def test_scatter_sizes_on_four_devices(batch, sizes):
+    assert dp.scatter_sizes(batch, 4) == sizes
     chunks = dp.scatter(torch.zeros(batch, 1), simulated_devices(4))
     assert [len(c) for c in chunks] == sizes
     assert [str(dp.device_of(c)) for c in chunks] == [

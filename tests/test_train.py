@@ -3,7 +3,8 @@ import torch
 
 from multigpu.data import get_dataset, make_loader
 from multigpu.models import ConvNet
-from multigpu.train import BAR_FORMAT, History, TrainConfig, evaluate, set_seed, train
+from multigpu.reproducibility import set_seed
+from multigpu.train import BAR_FORMAT, History, TrainConfig, evaluate, train
 
 
 def run(epochs=2, progress=False):
@@ -97,7 +98,7 @@ def test_set_seed_makes_random_numbers_repeat():
 
 
 def test_round_sig_keeps_significant_digits():
-    from multigpu.train import round_sig
+    from multigpu.reproducibility import round_sig
 
     assert round_sig(1.234567) == 1.235
     assert round_sig(0.000123456) == 0.0001235

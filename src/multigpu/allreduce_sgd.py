@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import collectives
+from .checks import check_positive_int
 from .data import epoch_order
 from .launch import spawn
 
@@ -56,8 +57,8 @@ class SGDConfig:
     reduction: str = "average"  # "average" gradients or "scale_loss" then sum
 
     def __post_init__(self) -> None:
-        _check_positive_int("global_batch", self.global_batch)
-        _check_positive_int("steps", self.steps)
+        check_positive_int("global_batch", self.global_batch)
+        check_positive_int("steps", self.steps)
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}. Pass e.g. lr=0.1.")
         _check_choice("all-reduce", self.allreduce, ALLREDUCE_METHODS)
@@ -78,8 +79,8 @@ class TrainResult:
 
 def per_rank_batch_size(global_batch: int, world_size: int) -> int:
     """Samples per rank per step: ``global_batch // world_size``, only if exact (08)."""
-    _check_positive_int("global_batch", global_batch)
-    _check_positive_int("world_size", world_size)
+    check_positive_int("global_batch", global_batch)
+    check_positive_int("world_size", world_size)
     if global_batch % world_size != 0:
         lower = global_batch - global_batch % world_size
         higher = lower + world_size
@@ -103,8 +104,8 @@ class DataPartitioner:
     """
 
     def __init__(self, num_samples: int, world_size: int, seed: int = 0) -> None:
-        _check_positive_int("num_samples", num_samples)
-        _check_positive_int("world_size", world_size)
+        check_positive_int("num_samples", num_samples)
+        check_positive_int("world_size", world_size)
         self.num_samples = num_samples
         self.world_size = world_size
         self.seed = seed
@@ -401,16 +402,6 @@ def evaluate_parameters(
     loss = nn.functional.cross_entropy(logits, y).item()
     accuracy = (logits.argmax(dim=1) == y).float().mean().item()
     return loss, accuracy
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        whole = isinstance(value, float) and value.is_integer() and value >= 1
-        example = f"{name}={int(value)}" if whole else f"{name}=1 or more"
-        raise ValueError(
-            f"{name} must be an integer of at least 1, got {value!r}. "
-            f"Pass a whole number of type int, e.g. {example}."
-        )
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:

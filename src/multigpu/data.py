@@ -27,6 +27,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from .checks import check_positive_int
+
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data"
 DIGITS_FILE = Path("digits") / "digits.csv.gz"
 DIGITS_TRAIN_SIZE = 1437  # the other 360 images are the test split
@@ -216,16 +218,11 @@ def make_loader(
 
 def check_batch_size(batch_size: int) -> int:
     """Return ``batch_size`` if it is an integer of at least 1, else raise."""
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int)
-        or batch_size < 1
-    ):
-        raise ValueError(
-            f"batch_size must be an integer of at least 1, got {batch_size!r}. "
-            "Pass a whole number of samples per step, e.g. batch_size=64."
-        )
-    return batch_size
+    return check_positive_int(
+        "batch_size",
+        batch_size,
+        "Pass a whole number of samples per step, e.g. batch_size=64.",
+    )
 
 
 def tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:

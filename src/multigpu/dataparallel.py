@@ -50,7 +50,7 @@ Public API
   Unlike PyTorch, it never falls back silently: no ``device_ids`` on a machine
   without CUDA, an empty list or an unknown device is a ``ValueError``.
 - ``to_device(tensor_or_module, device)`` and ``device_of(tensor) -> Device``:
-  placement on simulated devices (see below). ``chunk_sizes(batch, n)``: the chunk
+  placement on simulated devices (see below). ``scatter_sizes(batch, n)``: the chunk
   sizes ``scatter`` produces.
 - Recording: ``with Recorder() as rec: ...`` records, for every step run inside
   it, the bytes each device holds (``rec.ledger``: device name -> category ->
@@ -140,7 +140,7 @@ __all__ = [
     "DataParallel",
     "Event",
     "Recorder",
-    "chunk_sizes",
+    "scatter_sizes",
     "device_of",
     "gather",
     "parallel_apply",
@@ -488,7 +488,7 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and fields
 
 
-def chunk_sizes(batch_size: int, device_count: int) -> list[int]:
+def scatter_sizes(batch_size: int, device_count: int) -> list[int]:
     """Rows per chunk when ``scatter`` splits ``batch_size`` rows over
     ``device_count`` devices: ``tensor.chunk`` sizes, ceil(B/n) each (04)."""
     return [len(c) for c in torch.empty(batch_size).chunk(device_count)]

@@ -6,12 +6,10 @@ compares its numbers against this loop.
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -19,22 +17,11 @@ from tqdm import tqdm
 
 from .data import check_batch_size
 from .devices import Device, default_device, resolve_device
+from .reproducibility import round_sig
 
 # No elapsed time or rate in the bar: its text is the same on every run and machine,
 # so stored notebook outputs stay comparable. Time per epoch is in History.seconds.
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt}{postfix}"
-
-
-def round_sig(value: float, digits: int = 4) -> float:
-    """``value`` rounded to ``digits`` significant digits, for stable printing."""
-    return float(f"{value:.{digits}g}")
-
-
-def set_seed(seed: int = 0) -> None:
-    """Seed Python, NumPy and PyTorch (CPU and every GPU) in one place (01)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 @dataclass

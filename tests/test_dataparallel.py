@@ -550,8 +550,8 @@ def test_ledger_with_a_missing_bias(count):
 def test_an_output_saved_for_backward_is_counted_once():
     devices = simulated_devices(2)
     model = dp.to_device(nn.Sequential(nn.Linear(3, 5), nn.ReLU()), devices[0])
-    with dp.Recorder() as recorder:
-        out = dp.DataParallel(model, devices)(torch.randn(4, 3))
+    recorder = dp.Recorder()
+    out = recorder.watch(dp.DataParallel(model, devices))(torch.randn(4, 3))
     assert out.shape == (4, 5)
     for device in devices:  # ReLU saves its result, which is the output itself
         held = recorder.ledger[device.name]

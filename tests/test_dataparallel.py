@@ -15,11 +15,7 @@ from torch.nn.parallel import scatter_gather as torch_scatter_gather
 
 from multigpu import dataparallel as dp
 from multigpu.devices import simulated_devices
-
-try:
-    from multigpu.models import ConvNet
-except ImportError:  # pragma: no cover - the models module is written in parallel
-    ConvNet = None
+from multigpu.models import ConvNet
 
 SCALAR_WARNING = (
     "Was asked to gather along dimension 0, but all input tensors were scalars; "
@@ -169,11 +165,7 @@ def test_gather_matches_pytorch_structure():
 
 def _model():
     torch.manual_seed(0)
-    if ConvNet is not None:
-        return ConvNet(in_channels=1, num_classes=10, width=4)
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10)
-    )
+    return ConvNet(in_channels=1, num_classes=10, width=4)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4])
@@ -367,10 +359,16 @@ def test_bad_device_lists_give_clear_errors():
         dp.gather([], "gpu:0")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-def test_no_device_ids_without_cuda_is_a_clear_error():
-    with pytest.raises(ValueError, match="simulated_devices"):
+def test_no_device_ids_without_cuda_is_a_clear_error(monkeypatch):
+    from multigpu.dataparallel import data_parallel
+
+    monkeypatch.setattr(data_parallel, "cuda_device_count", lambda: 0)
+    with pytest.raises(ValueError) as error:
         dp.DataParallel(nn.Linear(1, 1))
+    assert str(error.value) == (
+        "DataParallel got no device_ids and this machine has no CUDA GPU. Pass "
+        "simulated devices, e.g. device_ids=multigpu.devices.simulated_devices(2)."
+    )
 
 
 def test_placement_helpers():
@@ -397,7 +395,6 @@ def test_placement_helpers():
 
 
 @pytest.mark.gpu(2)
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.parametrize("batch", [16, 9, 5, 3])
 def test_matches_torch_dataparallel_on_gpus(batch):
     count = torch.cuda.device_count()
@@ -419,7 +416,6 @@ def test_matches_torch_dataparallel_on_gpus(batch):
 
 
 @pytest.mark.gpu(2)
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_gpu_errors_match_torch_dataparallel():
     model = nn.Linear(2, 2).cuda(1)
     with pytest.raises(RuntimeError) as theirs:
@@ -593,3 +589,68 @@ def test_gradients_are_placed_with_their_parameters():
     copied(torch.randn(2, 3)).sum().backward()
     assert {str(dp.device_of(p)) for p in copied.parameters()} == {"cpu"}
     assert {str(dp.device_of(p.grad)) for p in copied.parameters()} == {"cpu"}
+
+
+# ---------------------------------------------------------------------------
+# (f) the recorder attaches from outside
+# ---------------------------------------------------------------------------
+
+
+def test_recording_changes_nothing_it_records():
+    devices = simulated_devices(3)
+    X, y = torch.randn(7, 1, 8, 8), torch.randint(0, 10, (7,))
+    plain_model, watched_model = _model(), _model()
+    plain = dp.DataParallel(dp.to_device(plain_model, devices[0]), devices)
+    watched = dp.DataParallel(dp.to_device(watched_model, devices[0]), devices)
+    recorder = dp.Recorder()
+    recorded = recorder.watch(watched)
+    assert recorded.module is watched_model  # shares the module, copies nothing
+    assert recorded.state_dict().keys() == plain.state_dict().keys()
+    out_plain, out_recorded = plain(X), recorded(X)
+    torch.testing.assert_close(out_recorded, out_plain, rtol=0, atol=0)
+    nn.functional.cross_entropy(out_plain, y).backward()
+    nn.functional.cross_entropy(out_recorded, y).backward()
+    for p, q in zip(plain_model.parameters(), watched_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+    assert sorted({e.device for e in recorder.events}) == ["gpu:0", "gpu:1", "gpu:2"]
+    # per device: scatter, replicate, forward, backward; one gather on gpu:0
+    assert len(recorder.events) == 3 * 4 + 1
+    # the plain module records nothing: recording lives in RecordingDataParallel
+    assert not hasattr(plain, "recorder")
+
+
+def test_watch_needs_our_dataparallel():
+    with pytest.raises(TypeError) as error:
+        dp.Recorder().watch(nn.Linear(2, 2))
+    assert str(error.value) == (
+        "Recorder.watch records a multigpu.dataparallel.DataParallel, got Linear. "
+        "Wrap your module first, e.g. dp.DataParallel(model, devices)."
+    )
+
+
+def test_replica_weights_are_the_replicas_copies():
+    devices = simulated_devices(2)
+    model = dp.to_device(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), devices[0])
+    model[1].weight = model[0].bias  # one tensor shared by two submodules
+    replicas = dp.replicate(model, devices)
+    originals = [*model.parameters(), *model.buffers()]
+    for device, replica in zip(devices, replicas, strict=True):
+        copies = dp.replica_weights(model, replica)
+        assert len(copies) == len(originals) == 2 + 1 + 3  # the shared one once
+        for replica_copy, original in zip(copies, originals, strict=True):
+            torch.testing.assert_close(replica_copy, original, rtol=0, atol=0)
+            assert dp.device_of(replica_copy) == device
+            shared = replica_copy.data_ptr() == original.data_ptr()
+            assert shared == (device == devices[0])
+
+
+def test_watch_moves_sees_only_the_moves_inside_it():
+    from multigpu.dataparallel.placement import watch_moves
+
+    seen = []
+    x = torch.ones(4)
+    with watch_moves(lambda moved, device, start, end: seen.append(device.name)):
+        dp.to_device(x, "gpu:1")
+        dp.scatter(x, simulated_devices(2))
+    dp.to_device(x, "gpu:0")
+    assert seen == ["gpu:1", "gpu:0", "gpu:1"]

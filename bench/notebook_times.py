@@ -1,4 +1,4 @@
-"""Time every notebook top to bottom and compare with the 60 s budget (DESIGN.md).
+"""Time every notebook top to bottom against the 60 s budget of docs/notebooks.md.
 
 Run with ``make bench`` (or ``python bench/notebook_times.py [NOTEBOOK ...]``). The
 notebooks are executed in memory, the files on disk are not changed. Each one gets a

@@ -1,4 +1,8 @@
-"""Shared test set-up: the `gpu` marker skips unless enough CUDA devices exist."""
+"""Shared test set-up: the `gpu` marker skips unless enough CUDA devices exist.
+
+Mark a test that needs N GPUs with ``@pytest.mark.gpu(N)`` (``gpu`` alone means 1),
+never with a ``skipif`` that counts devices; see docs/architecture.md, "A test".
+"""
 
 import pytest
 import torch

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -51,7 +55,7 @@ def test_real_dataparallel_adds_module_prefix_even_on_cpu():
     wrapped = nn.DataParallel(model)
     if not torch.cuda.is_available():
         assert wrapped.device_ids == []  # it will just call the module...
-    # ...but its state_dict keys still carry the prefix (FACTS.md)
+    # ...but its state_dict keys still carry the prefix: the model is its .module
     assert list(wrapped.state_dict()) == ["module." + k for k in model.state_dict()]
 
 
@@ -112,6 +116,15 @@ def test_prefix_round_trip_and_custom_prefix():
     compiled_style = add_prefix(state, "_orig_mod.")
     assert next(iter(compiled_style)) == "_orig_mod.0.weight"
     assert list(strip_prefix(compiled_style, "_orig_mod.")) == list(state)
+
+
+def test_strip_prefix_renames_only_the_keys_that_carry_it():
+    state = small_model().state_dict()
+    mixed = OrderedDict([("step", torch.tensor(3)), *add_prefix(state).items()])
+    stripped = strip_prefix(mixed)
+    assert set(stripped) == {"step", *state}
+    assert stripped["step"] is mixed["step"]
+    assert list(stripped)[1:] == list(state)  # the prefixed keys keep their order
 
 
 def test_unwrap_plain_nested_and_reference_wrappers():
@@ -254,12 +267,62 @@ def test_a_file_that_is_not_a_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "tensor.pt", small_model())
 
 
-def test_map_location_accepts_a_simulated_device(tmp_path):
-    save_checkpoint(tmp_path / "c.pt", small_model())
-    loaded = load_checkpoint(
-        tmp_path / "c.pt", small_model(1), map_location=simulated_devices(2)[1]
+@contextmanager
+def saved_as_if_on(location: str):
+    """Within the block, torch.save records every CPU tensor as stored on
+    ``location`` (e.g. "cuda:99"), as a checkpoint written on a GPU machine would."""
+    registry = list(torch.serialization._package_registry)
+    torch.serialization.register_package(
+        1,  # asked before PyTorch's own taggers (priority 10 and up)
+        lambda storage: location if storage.device.type == "cpu" else None,
+        lambda storage, saved_location: None,  # loading is left to PyTorch
     )
-    assert loaded["model"]["0.weight"].device == torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.serialization._package_registry[:] = registry
+
+
+@pytest.fixture
+def gpu_checkpoint(tmp_path):
+    """A checkpoint whose tensors were saved on "cuda:99", a GPU no machine has."""
+    source = small_model(seed=0)
+    with saved_as_if_on("cuda:99"):
+        save_checkpoint(tmp_path / "c.pt", source, epoch=1)
+    with pytest.raises(RuntimeError, match="Attempting to deserialize object on"):
+        torch.load(tmp_path / "c.pt", weights_only=True)  # PyTorch's own default
+    return tmp_path / "c.pt", source
+
+
+@pytest.mark.parametrize(
+    "map_location",
+    [None, "cpu", torch.device("cpu"), simulated_devices(2)[1]],
+    ids=["default", "str", "torch.device", "simulated"],
+)
+def test_map_location_moves_a_gpu_checkpoint_to_the_cpu(gpu_checkpoint, map_location):
+    path, source = gpu_checkpoint
+    target = small_model(seed=1)
+    if map_location is None:  # the default of load_checkpoint is the CPU
+        loaded = load_checkpoint(path, target)
+    else:
+        loaded = load_checkpoint(path, target, map_location=map_location)
+    assert {tensor.device for tensor in loaded["model"].values()} == {
+        torch.device("cpu")
+    }
+    assert loaded["epoch"] == 1
+    assert_same_state(source, target)
+
+
+@pytest.mark.gpu(1)
+def test_map_location_moves_a_cpu_checkpoint_to_a_gpu(tmp_path):
+    source = small_model(seed=0)
+    save_checkpoint(tmp_path / "c.pt", source)
+    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1), map_location="cuda:0")
+    assert {tensor.device for tensor in loaded["model"].values()} == {
+        torch.device("cuda", 0)
+    }
+    for key, value in source.state_dict().items():
+        torch.testing.assert_close(loaded["model"][key].cpu(), value, rtol=0, atol=0)
 
 
 def test_save_creates_parent_directories(tmp_path):
@@ -315,3 +378,14 @@ def test_nested_wrappers_save_and_load(tmp_path):
     torch.save(doubly_wrapped.state_dict(), tmp_path / "nested.pt")
     load_checkpoint(tmp_path / "nested.pt", target)
     assert_same_state(source, target)
+
+
+def test_same_weights_compares_names_and_values_through_wrappers():
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    twin = copy.deepcopy(model)
+    assert checkpoint.same_weights(nn.DataParallel(model), twin)
+    with torch.no_grad():
+        twin.bias[0] += 1e-6  # a last-digit change is a different weight
+    assert not checkpoint.same_weights(model, twin)
+    assert not checkpoint.same_weights(model, nn.Linear(2, 2, bias=False))  # names

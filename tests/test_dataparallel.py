@@ -615,6 +615,12 @@ def test_recording_changes_nothing_it_records():
     assert sorted({e.device for e in recorder.events}) == ["gpu:0", "gpu:1", "gpu:2"]
     # per device: scatter, replicate, forward, backward; one gather on gpu:0
     assert len(recorder.events) == 3 * 4 + 1
+    first, last = (
+        min(e.start for e in recorder.events),
+        max(e.end for e in recorder.events),
+    )
+    assert recorder.duration() == last - first > 0
+    assert dp.Recorder().duration() == 0.0  # nothing recorded yet
     # the plain module records nothing: recording lives in RecordingDataParallel
     assert not hasattr(plain, "recorder")
 

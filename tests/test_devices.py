@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -41,11 +43,29 @@ def test_unknown_device_is_a_clear_error(spec):
         resolve_device(spec)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-@pytest.mark.parametrize("spec", ["cuda:0", "cuda", 0, torch.device("cuda", 1)])
-def test_missing_cuda_device_says_how_many_exist(spec):
-    with pytest.raises(ValueError, match=r"does not exist: this process sees 0 CUDA"):
+def fake_gpus(monkeypatch, count: int) -> None:
+    """Make torch report ``count`` CUDA GPUs (none: CUDA not available)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(
+    "gpus,spec",
+    [(0, "cuda:0"), (0, "cuda"), (0, 0), (0, torch.device("cuda", 1)), (2, "cuda:2")],
+)
+def test_missing_cuda_device_says_how_many_exist(monkeypatch, gpus, spec):
+    fake_gpus(monkeypatch, gpus)
+    with pytest.raises(
+        ValueError, match=rf"does not exist: this process sees {gpus} CUDA"
+    ):
         resolve_device(spec)
+
+
+def test_cuda_devices_resolve_when_torch_reports_them(monkeypatch):
+    fake_gpus(monkeypatch, 2)
+    assert resolve_device(1) == Device("cuda:1", torch.device("cuda", 1))
+    assert resolve_device("cuda") == Device("cuda:0", torch.device("cuda", 0))
+    assert not resolve_device("cuda:1").simulated
 
 
 VISIBLE_CASES = [
@@ -111,17 +131,38 @@ def test_backend_is_gloo_on_cpu_and_nccl_on_cuda(monkeypatch):
     assert choose_backend("cuda:1") == "nccl"
 
 
-def test_list_devices_starts_with_the_cpu():
-    rows = devices.list_devices()
-    assert rows[0].name == "cpu" and rows[0].threads == torch.get_num_threads()
-    assert [r.name for r in rows[1:]] == [
-        f"cuda:{i}" for i in range(devices.cuda_device_count())
+def test_list_devices_is_the_cpu_then_every_gpu(monkeypatch):
+    fake_gpus(monkeypatch, 2)
+    models = {0: ("Big GPU", 80 * 2**30), 1: ("Small GPU", 2**29)}
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(name=models[i][0], total_memory=models[i][1]),
+    )
+    cpu, *gpus = devices.list_devices()
+    assert cpu.name == "cpu" and cpu.memory_gib is None
+    assert cpu.threads == torch.get_num_threads()
+    assert [(g.name, g.description, g.memory_gib, g.threads) for g in gpus] == [
+        ("cuda:0", "Big GPU", 80.0, None),
+        ("cuda:1", "Small GPU", 0.5, None),
     ]
+    fake_gpus(monkeypatch, 0)
+    assert [row.name for row in devices.list_devices()] == ["cpu"]
 
 
-def test_default_device_is_cuda_when_present():
-    expected = "cuda:0" if devices.cuda_device_count() else "cpu"
-    assert devices.default_device().name == expected
+@pytest.mark.parametrize(
+    "available,count,expected",
+    [(False, 0, "cpu"), (False, 3, "cpu"), (True, 1, "cuda:0"), (True, 4, "cuda:0")],
+)
+def test_default_device_is_the_first_gpu_when_cuda_works(
+    monkeypatch, available, count, expected
+):
+    # (False, 3): a device count is not enough, CUDA must also be available
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    device = devices.default_device()
+    assert device.name == expected and not device.simulated
+    assert device.torch_device == torch.device(expected)
 
 
 @pytest.mark.gpu(1)

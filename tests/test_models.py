@@ -36,3 +36,39 @@ def test_resnet_adapts_to_grey_images():
     model = resnet(num_classes=10, in_channels=1).eval()
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)
     assert count_parameters(model) > 10_000_000
+
+
+def test_temperature_net_divides_the_convnet_logits():
+    from multigpu.models import TemperatureNet
+
+    torch.manual_seed(0)
+    model = TemperatureNet()
+    x = torch.randn(3, 1, 8, 8)
+    logits = model.net(x)  # (3, 10)
+    torch.testing.assert_close(model(x), logits)
+    torch.testing.assert_close(model(x, temperature=2.0), logits / 2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_loss_net_returns_the_cross_entropy(reduction):
+    from multigpu.models import LossNet
+
+    torch.manual_seed(0)
+    net = ConvNet()
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 3, 3, 9])
+    expected = torch.nn.functional.cross_entropy(net(x), y, reduction=reduction)
+    torch.testing.assert_close(LossNet(net, reduction)(x, y), expected)
+    assert LossNet(net).net is net  # wraps the classifier, does not copy it
+
+
+def test_flat_gradients_is_the_gradient_of_the_loss_only():
+    from multigpu.models import flat_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(5, 3)
+    model(x).sum().backward()  # stale gradients, to be zeroed first
+    grad = flat_gradients(model, model(x).pow(2).sum())
+    weight_grad = 2 * (model(x).detach().T @ x)  # (2, 3)
+    bias_grad = 2 * model(x).detach().sum(0)  # (2,)
+    torch.testing.assert_close(grad, torch.cat([weight_grad.flatten(), bias_grad]))

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from multigpu.devices import Device
+from .dataparallel import DataParallel as ReferenceDataParallel
+from .devices import Device
 
 PREFIX = "module."  # what DataParallel / DistributedDataParallel put before each key
 MODEL_KEY = "model"  # the checkpoint dict's entry for the model's state_dict
@@ -35,21 +37,18 @@ EPOCH_KEY = "epoch"  # ... for the epoch number (or None)
 _SHOW_KEYS = 6  # how many keys an error message lists before "... and N more"
 
 
-def _wrapper_types() -> tuple[type, ...]:
-    """The module classes that hold the real model as ``.module``."""
-    types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    try:  # the reference DataParallel of notebooks 02-06, if it is installed
-        from multigpu.dataparallel import DataParallel as ReferenceDataParallel
-    except ImportError:
-        pass
-    else:
-        types.append(ReferenceDataParallel)
-    return tuple(types)
+# The module classes that hold the real model as ``.module``: PyTorch's two wrappers
+# and the reference DataParallel of notebooks 02-06 (its subclasses included).
+WRAPPER_TYPES = (
+    nn.DataParallel,
+    nn.parallel.DistributedDataParallel,
+    ReferenceDataParallel,
+)
 
 
 def is_wrapped(model: nn.Module) -> bool:
     """True if ``model`` is a DataParallel / DistributedDataParallel wrapper (06)."""
-    return isinstance(model, _wrapper_types())
+    return isinstance(model, WRAPPER_TYPES)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -59,54 +58,56 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _rename(state_dict: Mapping[str, Any], rename_key, rename_meta) -> OrderedDict:
-    """A new state_dict with renamed keys; the ``_metadata`` (module versions that
-    ``load_state_dict`` reads) is renamed the same way."""
-    renamed = OrderedDict((rename_key(key), value) for key, value in state_dict.items())
-    metadata = getattr(state_dict, "_metadata", None)
-    if metadata is not None:
-        new_metadata = OrderedDict()
-        for key, value in metadata.items():
-            for new_key in rename_meta(key):
-                new_metadata[new_key] = value
-        renamed._metadata = new_metadata  # type: ignore[attr-defined]
-    return renamed
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    """True if two models, wrapped or not, hold identical tensors under the same
+    names, compared on the CPU (06)."""
+    state_a, state_b = unwrap(a).state_dict(), unwrap(b).state_dict()
+    return state_a.keys() == state_b.keys() and all(
+        torch.equal(state_a[key].cpu(), state_b[key].cpu()) for key in state_a
+    )
 
 
 def strip_prefix(
     state_dict: Mapping[str, Any], prefix: str = PREFIX
 ) -> OrderedDict[str, Any]:
     """A copy of ``state_dict`` with ``prefix`` removed from every key that starts
-    with it ("module.fc.weight" -> "fc.weight"); the input is not changed (06)."""
-    bare = prefix.rstrip(".")
+    with it ("module.fc.weight" -> "fc.weight"); the input is not changed (06).
 
-    def rename_key(key: str) -> str:
-        return key[len(prefix) :] if key.startswith(prefix) else key
-
-    def rename_meta(key: str) -> list[str]:
-        if key == "" and bare in metadata_keys:
-            return []  # the wrapper's own entry; the model's "" replaces it
-        if key == bare:
-            return [""]
-        return [rename_key(key)]
-
-    metadata_keys = set(getattr(state_dict, "_metadata", {}) or {})
-    return _rename(state_dict, rename_key, rename_meta)
+    PyTorch's ``consume_prefix_in_state_dict_if_present`` does the work, on a copy
+    because it renames in place. It renames the ``_metadata`` too (the module
+    versions that ``load_state_dict`` reads): the wrapper's own entry ``""`` is
+    replaced by the model's (``"module"``). Each renamed key moves to the end, so
+    the order is unchanged when every key carries the prefix, as in any state_dict
+    of a DataParallel or DDP wrapper; keys without the prefix are left alone.
+    """
+    stripped = OrderedDict(state_dict)  # new dict, same tensors
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        stripped._metadata = OrderedDict(metadata)  # type: ignore[attr-defined]
+    consume_prefix_in_state_dict_if_present(stripped, prefix)
+    return stripped
 
 
 def add_prefix(
     state_dict: Mapping[str, Any], prefix: str = PREFIX
 ) -> OrderedDict[str, Any]:
     """A copy of ``state_dict`` with ``prefix`` put before every key ("fc.weight" ->
-    "module.fc.weight"), as a DataParallel/DDP wrapper would have saved it (06)."""
-    bare = prefix.rstrip(".")
+    "module.fc.weight"), as a DataParallel/DDP wrapper would have saved it (06).
 
-    def rename_meta(key: str) -> list[str]:
-        if key == "":
-            return ["", bare]  # the wrapper's entry and the model's
-        return [prefix + key]
-
-    return _rename(state_dict, lambda key: prefix + key, rename_meta)
+    The ``_metadata`` gets the same prefix, plus the entry ``""`` for the wrapper
+    itself and ``"module"`` for the model (PyTorch has no helper for this way)."""
+    added = OrderedDict((prefix + key, value) for key, value in state_dict.items())
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        new_metadata = OrderedDict()
+        for key, value in metadata.items():
+            if key == "":  # the model's own entry: the wrapper's, then the model's
+                new_metadata[""] = value
+                new_metadata[prefix.rstrip(".")] = value
+            else:
+                new_metadata[prefix + key] = value
+        added._metadata = new_metadata  # type: ignore[attr-defined]
+    return added
 
 
 class CheckpointMismatchError(RuntimeError):

@@ -1,6 +1,8 @@
 """Models: the small ConvNet used throughout, and a torchvision ResNet for GPU runs.
 
-Taught in ``notebooks/01_single_device_baseline.ipynb``.
+Taught in ``notebooks/01_single_device_baseline.ipynb``. Two small wrappers serve
+the DataParallel pitfalls: ``TemperatureNet`` takes a keyword argument next to its
+input (04) and ``LossNet`` returns its loss from ``forward`` (05).
 """
 
 from __future__ import annotations
@@ -65,3 +67,38 @@ def resnet(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable scalars in ``model`` (01)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class TemperatureNet(nn.Module):
+    """ConvNet logits divided by a temperature: (batch, 1, 8, 8) -> (batch, 10) (04)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = ConvNet()
+
+    def forward(self, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        return self.net(x) / temperature
+
+
+class LossNet(nn.Module):
+    """A classifier whose forward returns its loss (05).
+
+    (batch, 1, 8, 8), (batch,) -> a scalar, or (batch,) with ``reduction="none"``.
+    """
+
+    def __init__(self, net: nn.Module, reduction: str = "mean") -> None:
+        super().__init__()
+        self.net = net
+        self.reduction = reduction  # "mean" or "sum": a scalar; "none": (batch,)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x)  # (batch, 10)
+        return nn.functional.cross_entropy(logits, y, reduction=self.reduction)
+
+
+def flat_gradients(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """Zero ``model``'s gradients, backpropagate ``loss`` and return every gradient
+    as one flat vector, in ``model.parameters()`` order (05)."""
+    model.zero_grad()
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])

@@ -169,6 +169,13 @@ class Recorder:
                     events.append(Event(s.device, "backward", s.start, s.end))
         return sorted(events, key=lambda e: (e.start, e.device))
 
+    def duration(self) -> float:
+        """Seconds from the first recorded event to the end of the last (06)."""
+        events = self.events
+        if not events:
+            return 0.0
+        return max(e.end for e in events) - min(e.start for e in events)
+
     def totals(self) -> dict[str, int]:
         """Bytes held per device, all categories together."""
         return {device: sum(c.values()) for device, c in self.ledger.items()}

@@ -6,13 +6,11 @@ import pytest
 import torch
 
 from multigpu.allreduce_sgd import (
-    ALLREDUCE_METHODS,
     DataPartitioner,
-    SGDConfig,
+    allreduce_sum,
     batch_indices,
     compare_data_parallel,
     compare_with_reference,
-    evaluate_parameters,
     max_parameter_difference,
     per_rank_batch_size,
     train_data_parallel,
@@ -20,11 +18,13 @@ from multigpu.allreduce_sgd import (
     world_losses,
 )
 from multigpu.models import ConvNet
+from multigpu.train import ALLREDUCE_METHODS, TrainConfig, evaluate
 
 NUM_SAMPLES = 40  # 2 full global batches of 16 per epoch; 8 samples left over
-# 6 steps = 3 epochs, so the per-epoch reshuffle is covered too. Momentum makes a
+# 3 epochs = 6 steps, so the per-epoch reshuffle is covered too. Momentum makes a
 # step depend on every earlier gradient, so any mismatch would add up.
-CONFIG = SGDConfig(global_batch=16, steps=6, lr=0.2, momentum=0.5, seed=3)
+CONFIG = TrainConfig(epochs=3, batch_size=16, lr=0.2, momentum=0.5, seed=3)
+STEPS = 6  # steps per rank: 3 epochs x 2 full global batches
 RUNS = {method: replace(CONFIG, allreduce=method) for method in ALLREDUCE_METHODS}
 RUNS["ring, scale_loss"] = replace(CONFIG, allreduce="ring", reduction="scale_loss")
 TIMEOUT = 30.0  # seconds for the rendezvous and each collective (only a hang waits)
@@ -77,10 +77,21 @@ def test_parameters_equal_single_process_sgd_on_the_global_batch(runs, reference
 @pytest.mark.parametrize("name", list(RUNS))
 def test_mean_of_rank_losses_is_the_global_batch_loss(runs, reference, name):
     results = runs[name]
-    assert all(len(r.losses) == CONFIG.steps for r in results)
+    assert all(len(r.step_loss) == STEPS for r in results)
     torch.testing.assert_close(
-        torch.tensor(world_losses(results)), torch.tensor(reference.losses)
+        torch.tensor(world_losses(results)), torch.tensor(reference.step_loss)
     )
+
+
+def test_histories_have_per_epoch_numbers_of_their_rank(runs, reference):
+    world_size = len(runs["ring"])
+    assert (reference.rank, reference.world_size) == (0, 1)
+    assert [r.world_size for r in runs["ring"]] == [world_size] * world_size
+    for history in [reference, *runs["ring"]]:
+        assert len(history.train_loss) == len(history.seconds) == CONFIG.epochs
+        assert history.test_loss == history.test_accuracy == []  # no test set given
+        by_epoch = torch.tensor(history.step_loss).view(CONFIG.epochs, -1)  # (3, 2)
+        torch.testing.assert_close(torch.tensor(history.train_loss), by_epoch.mean(1))
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -174,9 +185,11 @@ def test_launch_refuses_a_non_dividing_batch_before_starting_processes(problem):
 
 def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match=r"Unknown all-reduce 'tree'\. Choose one of"):
-        SGDConfig(allreduce="tree")
+        TrainConfig(allreduce="tree")
     with pytest.raises(ValueError, match=r"Unknown reduction 'sum'\. Choose one of"):
-        SGDConfig(reduction="sum")
+        TrainConfig(reduction="sum")
+    with pytest.raises(ValueError, match=r"Unknown all-reduce 'tree'\. .*naive, ring"):
+        allreduce_sum(torch.ones(2), "tree")
 
 
 def test_global_batch_larger_than_the_data_is_a_clear_error():
@@ -184,9 +197,9 @@ def test_global_batch_larger_than_the_data_is_a_clear_error():
         batch_indices(10, 16, steps=1)
 
 
-def test_evaluate_parameters_matches_a_direct_forward_pass(problem, reference):
+def test_evaluate_with_parameters_matches_a_direct_forward_pass(problem, reference):
     model, X, y = problem
-    loss, accuracy = evaluate_parameters(model, reference.parameters, X, y)
+    loss, accuracy = evaluate(model, [(X, y)], parameters=reference.parameters)
     trained = ConvNet(in_channels=1, num_classes=3, width=4)
     trained.load_state_dict(reference.parameters)
     with torch.no_grad():
@@ -197,7 +210,6 @@ def test_evaluate_parameters_matches_a_direct_forward_pass(problem, reference):
 
 
 @pytest.mark.gpu(2)
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_on_gpus_ranks_stay_identical_and_ring_matches_nccl(problem):
     configs = {name: RUNS[name] for name in ("ring", "torch")}
     runs = compare_data_parallel(*problem, configs, 2, TIMEOUT, backend="nccl")

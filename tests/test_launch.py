@@ -7,8 +7,7 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from multigpu import _launch_examples as examples
-from multigpu import launch
+from multigpu import launch, workers
 from multigpu.launch import (
     TorchrunError,
     WorkerError,
@@ -36,7 +35,7 @@ def _descendants() -> set[int]:
 @pytest.fixture
 def no_leftovers():
     """Fail the test if a process it started outlives it."""
-    spawn(examples.whoami, 1)  # starts the long-lived forkserver before the snapshot
+    spawn(workers.whoami, 1)  # starts the long-lived forkserver before the snapshot
     before = _descendants()
     yield
     assert _descendants() - before == set()
@@ -55,7 +54,7 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
 
 
 def test_results_come_back_ordered_by_rank_with_limited_threads(no_leftovers):
-    rows = spawn(examples.whoami, 3, timeout=TIMEOUT, threads=1)
+    rows = spawn(workers.whoami, 3, timeout=TIMEOUT, threads=1)
     assert [row["rank"] for row in rows] == [0, 1, 2]
     assert [row["dist_rank"] for row in rows] == [0, 1, 2]
     assert {row["world_size"] for row in rows} == {3}
@@ -67,25 +66,25 @@ def test_results_come_back_ordered_by_rank_with_limited_threads(no_leftovers):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_collectives_work_inside_the_workers(world_size):
     expected = world_size * (world_size + 1) // 2
-    assert spawn(examples.sum_of_ranks, world_size) == [expected] * world_size
+    assert spawn(workers.sum_of_ranks, world_size) == [expected] * world_size
 
 
 def test_arguments_reach_every_rank_and_threads_are_configurable():
-    assert spawn(examples.sum_of_ranks, 2, 10, threads=2) == [21, 21]
-    rows = spawn(examples.whoami, 2, threads=2)
+    assert spawn(workers.sum_of_ranks, 2, 10, threads=2) == [21, 21]
+    rows = spawn(workers.whoami, 2, threads=2)
     assert {(row["threads"], row["OMP_NUM_THREADS"]) for row in rows} == {(2, "2")}
 
 
 def test_the_caller_environment_reaches_the_workers(monkeypatch):
     monkeypatch.setenv("MULTIGPU_TEST_FLAG", "set-after-the-forkserver")
-    assert spawn(examples.environment_value, 1, "MULTIGPU_TEST_FLAG") == [
+    assert spawn(workers.environment_value, 1, "MULTIGPU_TEST_FLAG") == [
         "set-after-the-forkserver"
     ]
 
 
 def test_the_spawn_start_method_works_too(monkeypatch):
     monkeypatch.setattr(launch, "START_METHOD", "spawn")
-    rows = spawn(examples.whoami, 2, timeout=30.0)
+    rows = spawn(workers.whoami, 2, timeout=30.0)
     assert [(row["rank"], row["threads"]) for row in rows] == [(0, 1), (1, 1)]
 
 
@@ -114,13 +113,13 @@ def test_a_worker_from_a_notebook_is_refused_before_any_process_starts():
 
 def test_bad_arguments_give_clear_errors():
     with pytest.raises(ValueError, match="at least 1"):
-        spawn(examples.whoami, 0)
+        spawn(workers.whoami, 0)
     with pytest.raises(ValueError, match="timeout"):
-        spawn(examples.whoami, 1, timeout=0)
+        spawn(workers.whoami, 1, timeout=0)
     with pytest.raises(ValueError, match="Unknown backend"):
-        spawn(examples.whoami, 1, backend="mpi")
+        spawn(workers.whoami, 1, backend="mpi")
     with pytest.raises(TypeError, match="cannot be pickled"):
-        spawn(examples.sum_of_ranks, 1, (i for i in range(3)))
+        spawn(workers.sum_of_ranks, 1, (i for i in range(3)))
 
 
 def test_nccl_with_more_ranks_than_gpus_is_refused():
@@ -128,13 +127,13 @@ def test_nccl_with_more_ranks_than_gpus_is_refused():
 
     too_many = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match="one GPU per rank"):
-        spawn(examples.whoami, too_many, backend="nccl")
+        spawn(workers.whoami, too_many, backend="nccl")
 
 
 def test_a_rank_that_raises_is_named_with_its_traceback(no_leftovers):
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:
-        spawn(examples.fail_on_rank, 3, 1, timeout=TIMEOUT)
+        spawn(workers.fail_on_rank, 3, 1, timeout=TIMEOUT)
     assert time.monotonic() - start < TIMEOUT
     error = caught.value
     assert str(error) == "Rank 1 of 3 failed with ValueError: rank 1 found a bad batch"
@@ -147,7 +146,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback(no_leftovers):
 def test_a_rank_killed_by_sigkill_is_named(no_leftovers):
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:
-        spawn(examples.kill_rank, 3, 2, timeout=TIMEOUT)
+        spawn(workers.kill_rank, 3, 2, timeout=TIMEOUT)
     assert time.monotonic() - start < TIMEOUT
     error = caught.value
     assert str(error) == "Rank 2 of 3 was killed by SIGKILL without reporting an error"
@@ -158,7 +157,7 @@ def test_a_rank_killed_by_sigkill_is_named(no_leftovers):
 def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:
-        spawn(examples.skip_collective, 2, 1, 300.0, timeout=2.0)
+        spawn(workers.skip_collective, 2, 1, 300.0, timeout=2.0)
     elapsed = time.monotonic() - start
     assert 2.0 <= elapsed < 2.0 + SLACK
     error = caught.value
@@ -170,7 +169,7 @@ def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
 
 def test_ranks_that_all_wait_for_each_other_time_out(no_leftovers):
     with pytest.raises(WorkerError) as caught:
-        spawn(examples.wait_for_each_other, 2, timeout=2.0)
+        spawn(workers.wait_for_each_other, 2, timeout=2.0)
     error = caught.value
     assert error.timed_out
     assert error.missing_ranks == []  # both reported: torch's own error said so
@@ -192,20 +191,20 @@ def test_a_timeout_is_recognised_by_kind_and_only_after_the_timeout():
 def test_processes_a_rank_started_are_ended_too(tmp_path, no_leftovers):
     pid_file = tmp_path / "sleeper"
     with pytest.raises(WorkerError, match="after starting a subprocess"):
-        spawn(examples.start_sleeper_then_fail, 2, str(pid_file), timeout=TIMEOUT)
+        spawn(workers.start_sleeper_then_fail, 2, str(pid_file), timeout=TIMEOUT)
     pids = [int((tmp_path / f"sleeper.{rank}").read_text()) for rank in range(2)]
     assert all(_gone(pid) for pid in pids)
 
 
 def test_a_result_that_cannot_be_pickled_is_reported(no_leftovers):
     with pytest.raises(WorkerError, match=r"TypeError: Rank \d returned a generator"):
-        spawn(examples.unpicklable_result, 2, timeout=TIMEOUT)
+        spawn(workers.unpicklable_result, 2, timeout=TIMEOUT)
 
 
 def test_eight_launches_at_once_do_not_clash(no_leftovers):
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [
-            pool.submit(spawn, examples.sum_of_ranks, 2, offset, timeout=30.0)
+            pool.submit(spawn, workers.sum_of_ranks, 2, offset, timeout=30.0)
             for offset in range(8)
         ]
         results = [future.result() for future in futures]
@@ -213,7 +212,7 @@ def test_eight_launches_at_once_do_not_clash(no_leftovers):
 
 
 def test_run_torchrun_returns_the_output_of_the_ranks(no_leftovers):
-    result = run_torchrun("multigpu._launch_examples", 2, timeout=120.0)
+    result = run_torchrun("multigpu.workers", 2, timeout=120.0)
     assert result.returncode == 0
     assert "world_size=2 sum=3 threads=1" in result.stdout
 
@@ -221,5 +220,5 @@ def test_run_torchrun_returns_the_output_of_the_ranks(no_leftovers):
 def test_run_torchrun_stops_a_run_that_takes_too_long():
     before = _descendants()
     with pytest.raises(TorchrunError, match="did not finish within 0.5 s"):
-        run_torchrun("multigpu._launch_examples", 1, timeout=0.5)
+        run_torchrun("multigpu.workers", 1, timeout=0.5)
     assert _descendants() - before == set()

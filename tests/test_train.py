@@ -1,10 +1,12 @@
+import re
+
 import pytest
 import torch
 
-from multigpu.data import get_dataset, make_loader
+from multigpu.data import get_dataset, make_loader, tensors
 from multigpu.models import ConvNet
 from multigpu.reproducibility import set_seed
-from multigpu.train import BAR_FORMAT, History, TrainConfig, evaluate, train
+from multigpu.train import History, TrainConfig, evaluate, train
 
 
 def run(epochs=2, progress=False):
@@ -30,6 +32,7 @@ def test_training_is_repeatable_with_the_same_seed():
 def test_training_learns_digits():
     model, history, test = run(epochs=6)
     assert len(history.train_loss) == len(history.seconds) == 6
+    assert len(history.step_loss) == 6 * 23  # 1437 samples in batches of 64
     assert history.train_loss[-1] < 0.5 * history.train_loss[0]
     assert history.test_accuracy[-1] > 0.8
     assert evaluate(model, test, "cpu") == pytest.approx(
@@ -56,6 +59,26 @@ def test_single_step_is_plain_sgd():
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g)
 
 
+def test_history_holds_the_final_weights_on_the_cpu():
+    model, history, _ = run(epochs=1)
+    assert history.parameters.keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert history.parameters[name].device.type == "cpu"
+        assert torch.equal(history.parameters[name], tensor)
+    # A copy: training on does not change the weights the history holds.
+    before = {name: t.clone() for name, t in history.parameters.items()}
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert all(torch.equal(history.parameters[k], t) for k, t in before.items())
+
+
+def test_step_losses_average_to_the_epoch_loss():
+    _, history, _ = run(epochs=1)
+    batch_sizes = [64] * 22 + [1437 - 22 * 64]  # the last batch has 29 samples
+    weighted = sum(loss * n for loss, n in zip(history.step_loss, batch_sizes))
+    assert weighted / 1437 == pytest.approx(history.train_loss[0], rel=1e-12)
+
+
 def test_evaluate_restores_training_mode():
     model = ConvNet().train()
     loader = make_loader(get_dataset("digits", train=False), 120, shuffle=False)
@@ -63,11 +86,32 @@ def test_evaluate_restores_training_mode():
     assert model.training and loss > 0 and 0 <= accuracy <= 1
 
 
+def test_evaluate_one_batch_of_tensors_equals_the_loader():
+    model = ConvNet()
+    dataset = get_dataset("digits", train=False)
+    X, y = tensors(dataset)  # (360, 1, 8, 8), (360,)
+    by_loader = evaluate(model, make_loader(dataset, 100, shuffle=False))
+    assert evaluate(model, [(X, y)]) == pytest.approx(by_loader, rel=1e-5)
+
+
+def test_evaluate_given_parameters_leaves_the_model_unchanged():
+    set_seed(0)
+    model, other = ConvNet(), ConvNet()  # different initial weights
+    X, y = tensors(get_dataset("digits", train=False))
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    with_other = evaluate(model, [(X, y)], parameters=other.state_dict())
+    assert with_other == evaluate(other, [(X, y)])
+    assert with_other != evaluate(model, [(X, y)])
+    assert all(torch.equal(model.state_dict()[k], t) for k, t in before.items())
+
+
 def test_progress_bar_text_has_no_timing(capsys):
     run(epochs=1, progress=True)
     err = capsys.readouterr().err
     assert "epoch 1/1: 100%|" in err and "23/23, loss=" in err
-    assert "it/s" not in err and "<" not in err and "elapsed" not in BAR_FORMAT
+    # no rate, no elapsed or remaining time (tqdm's default shows [00:01<00:00])
+    assert "it/s" not in err and "<" not in err
+    assert not re.search(r"\d\d:\d\d", err)
 
 
 def test_history_rows_are_rounded_and_free_of_timings():
@@ -82,6 +126,7 @@ def test_history_rows_are_rounded_and_free_of_timings():
     [
         ({"batch_size": 0}, "batch_size must be an integer of at least 1"),
         ({"epochs": 0}, "epochs must be an integer of at least 1"),
+        ({"epochs": 2.0}, r"got 2\.0\. .* e\.g\. epochs=2\."),
         ({"lr": 0.0}, "lr must be positive"),
     ],
 )

@@ -1,14 +1,16 @@
 """Synchronous data-parallel SGD by hand: shard the data, all-reduce the gradients.
 
-Taught in ``notebooks/08_allreduce_sgd.ipynb``. The recipe of PyTorch's tutorial
+Taught in ``notebooks/08_allreduce_sgd.ipynb``. A run reads the series'
+:class:`~multigpu.train.TrainConfig` and returns a :class:`~multigpu.train.History`
+per rank, like the single-device loop of 01. The recipe of PyTorch's tutorial
 "Writing Distributed Applications" (Séb Arnold, 2017), whose names ``DataPartitioner``
 and ``average_gradients`` this module borrows, written with today's API:
 
 1. every rank holds the same model (same seed, same initial weights);
 2. a :class:`DataPartitioner` shuffles the sample indices with a fixed seed and deals
    them to the ranks like cards, so the shards are disjoint;
-3. each step every rank computes the loss on its own ``global_batch / world_size``
-   samples and calls ``backward()``;
+3. each step every rank computes the loss on its own ``batch_size / world_size``
+   samples (``batch_size`` is the global batch) and calls ``backward()``;
 4. the gradients are summed over the ranks with an all-reduce (``"naive"`` or
    ``"ring"`` from :mod:`multigpu.collectives`, or ``"torch"`` for
    ``dist.all_reduce``) and divided by ``world_size``;
@@ -24,12 +26,17 @@ sizes make the mean of the per-rank mean losses the mean over the global batch, 
 averaged gradients equal the global-batch gradient and k steps on ``world_size``
 processes equal k steps of :func:`train_single_process`. The last ``N % G`` samples
 of each epoch's order are not used (``drop_last``), which keeps every batch full.
+
+PyTorch's counterparts: ``DistributedSampler``, which deals indices with the same
+stride, in https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py
+and ``dist.all_reduce`` in
+https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,42 +46,7 @@ from . import collectives
 from .checks import check_positive_int
 from .data import epoch_order
 from .launch import spawn
-
-ALLREDUCE_METHODS = ("naive", "ring", "torch")  # names accepted by `allreduce=`
-REDUCTIONS = ("average", "scale_loss")  # names accepted by `reduction=`
-
-
-@dataclass(frozen=True)
-class SGDConfig:
-    """Hyper-parameters of a data-parallel SGD run; the same for every rank (08)."""
-
-    global_batch: int = 64  # samples per optimizer step, summed over all ranks
-    steps: int = 20  # optimizer steps; a new shuffled epoch starts when data runs out
-    lr: float = 0.1  # SGD learning rate
-    momentum: float = 0.0  # SGD momentum
-    seed: int = 0  # seeds the data order (epoch e uses seed + e)
-    allreduce: str = "ring"  # "naive", "ring" (multigpu.collectives) or "torch"
-    reduction: str = "average"  # "average" gradients or "scale_loss" then sum
-
-    def __post_init__(self) -> None:
-        check_positive_int("global_batch", self.global_batch)
-        check_positive_int("steps", self.steps)
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}. Pass e.g. lr=0.1.")
-        _check_choice("all-reduce", self.allreduce, ALLREDUCE_METHODS)
-        _check_choice("reduction", self.reduction, REDUCTIONS)
-
-
-@dataclass
-class TrainResult:
-    """What one rank (or the single process) returns after training (08)."""
-
-    rank: int  # 0 for the single process
-    world_size: int  # 1 for the single process
-    # Mean loss over this rank's own batch, one entry per step.
-    losses: list[float] = field(default_factory=list)
-    # The final weights (the model's state_dict), the same on every rank.
-    parameters: dict[str, torch.Tensor] = field(default_factory=dict)
+from .train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
 
 
 def per_rank_batch_size(global_batch: int, world_size: int) -> int:
@@ -160,14 +132,17 @@ def batch_indices(
 
 def allreduce_sum(tensor: torch.Tensor, method: str = "ring") -> None:
     """Sum ``tensor`` over all ranks in place with the named all-reduce (08)."""
-    _check_choice("all-reduce", method, ALLREDUCE_METHODS)
-    if method == "torch":
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return
-    if method == "ring":
-        collectives.ring_all_reduce(tensor)
-    else:
+    if method == "naive":
         collectives.naive_all_reduce(tensor)
+    elif method == "ring":
+        collectives.ring_all_reduce(tensor)
+    elif method == "torch":
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    else:
+        raise ValueError(
+            f"Unknown all-reduce {method!r}. Choose one of: "
+            f"{', '.join(ALLREDUCE_METHODS)}."
+        )
 
 
 def sum_gradients(model: nn.Module, method: str = "ring") -> None:
@@ -204,7 +179,7 @@ def sgd_step(
     optimizer: torch.optim.Optimizer,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: SGDConfig,
+    config: TrainConfig,
     distributed: bool = False,
 ) -> float:
     """One step on this rank's batch X (B, ...), y (B,); returns its mean loss (08).
@@ -232,11 +207,11 @@ def _train(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: SGDConfig,
+    config: TrainConfig,
     rank: int = 0,
     world_size: int = 1,
     distributed: bool = False,
-) -> TrainResult:
+) -> History:
     """The loop shared by the single process and every rank."""
     device = _rank_device() if distributed else torch.device("cpu")
     model = copy.deepcopy(model).to(device)  # never change the caller's weights
@@ -245,18 +220,29 @@ def _train(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum
     )
-    result = TrainResult(rank=rank, world_size=world_size)
-    steps = batch_indices(
-        len(X), config.global_batch, config.steps, world_size, rank, config.seed
+    history = History(rank=rank, world_size=world_size)
+    steps_per_epoch = len(X) // config.batch_size  # full global batches
+    batches = batch_indices(
+        len(X),
+        config.batch_size,
+        config.epochs * steps_per_epoch,
+        world_size,
+        rank,
+        config.seed,
     )
-    for indices in steps:  # indices: (global_batch / world_size,)
-        loss = sgd_step(model, optimizer, X[indices], y[indices], config, distributed)
-        result.losses.append(loss)
-    result.parameters = {  # on the CPU, so the caller can compare them anywhere
-        name: tensor.detach().to("cpu", copy=True)
-        for name, tensor in model.state_dict().items()
-    }
-    return result
+    for epoch in range(config.epochs):
+        start = time.perf_counter()
+        first = epoch * steps_per_epoch
+        for indices in batches[first : first + steps_per_epoch]:  # (batch_size / R,)
+            loss = sgd_step(
+                model, optimizer, X[indices], y[indices], config, distributed
+            )
+            history.step_loss.append(loss)
+        epoch_losses = history.step_loss[first:]  # equal batches: a plain mean
+        history.train_loss.append(sum(epoch_losses) / len(epoch_losses))
+        history.seconds.append(time.perf_counter() - start)
+    history.parameters = cpu_state_dict(model)
+    return history
 
 
 def _rank_device() -> torch.device:
@@ -267,8 +253,8 @@ def _rank_device() -> torch.device:
 
 
 def train_single_process(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: SGDConfig
-) -> TrainResult:
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig
+) -> History:
     """The reference: plain SGD on the global batch in this process (08).
 
     X (N, ...) and y (N,) are the whole training set; ``model`` is not changed.
@@ -283,8 +269,8 @@ def train_worker(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    configs: dict[str, SGDConfig],
-) -> dict[str, TrainResult]:
+    configs: dict[str, TrainConfig],
+) -> dict[str, History]:
     """What each process runs: one training run per named config, in order (08)."""
     return {
         name: _train(model, X, y, config, rank, world_size, distributed=True)
@@ -296,11 +282,11 @@ def compare_data_parallel(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    configs: dict[str, SGDConfig],
+    configs: dict[str, TrainConfig],
     world_size: int,
     timeout: float = 30.0,
     backend: str = "gloo",
-) -> dict[str, list[TrainResult]]:
+) -> dict[str, list[History]]:
     """Several runs in one launch of ``world_size`` processes: {name: results by rank}.
 
     Starting processes costs seconds; training a small model costs less, so the
@@ -309,7 +295,7 @@ def compare_data_parallel(
     ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank).
     """
     for config in configs.values():  # fail here, before any process starts
-        per_rank_batch_size(config.global_batch, world_size)
+        per_rank_batch_size(config.batch_size, world_size)
     per_rank = spawn(
         train_worker,
         world_size,
@@ -327,12 +313,12 @@ def train_data_parallel(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: SGDConfig,
+    config: TrainConfig,
     world_size: int,
     timeout: float = 30.0,
     backend: str = "gloo",
-) -> list[TrainResult]:
-    """Train on ``world_size`` processes; one TrainResult per rank, by rank (08).
+) -> list[History]:
+    """Train on ``world_size`` processes; one History per rank, by rank (08).
 
     X (N, ...) and y (N,) are the whole training set; every rank starts from a copy
     of ``model`` (which is not changed) and trains on its own shard of each batch.
@@ -344,9 +330,9 @@ def train_data_parallel(
     return runs["run"]
 
 
-def world_losses(results: list[TrainResult]) -> list[float]:
+def world_losses(results: list[History]) -> list[float]:
     """Per step, the mean of the ranks' losses = the loss on the global batch (08)."""
-    steps = zip(*(result.losses for result in results), strict=True)
+    steps = zip(*(result.step_loss for result in results), strict=True)
     return [sum(losses) / len(results) for losses in steps]
 
 
@@ -363,7 +349,7 @@ def max_parameter_difference(
 
 
 def compare_with_reference(
-    results: list[TrainResult], reference: TrainResult
+    results: list[History], reference: History
 ) -> tuple[bool, float, float]:
     """(ranks bit-for-bit identical, max |weight difference|, max |loss difference|)
     of a data-parallel run against the single-process reference (08)."""
@@ -379,33 +365,6 @@ def compare_with_reference(
     )
     losses = world_losses(results)
     loss_difference = max(
-        abs(a - b) for a, b in zip(losses, reference.losses, strict=True)
+        abs(a - b) for a, b in zip(losses, reference.step_loss, strict=True)
     )
     return identical, weights, loss_difference
-
-
-def evaluate_parameters(
-    model: nn.Module,
-    parameters: dict[str, torch.Tensor],
-    X: torch.Tensor,
-    y: torch.Tensor,
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy on X (N, ...), y (N,) with these weights (08).
-
-    ``model`` gives the architecture and is not changed.
-    """
-    model = copy.deepcopy(model)
-    model.load_state_dict(parameters)
-    model.eval()
-    with torch.no_grad():
-        logits = model(X)  # (N, classes)
-    loss = nn.functional.cross_entropy(logits, y).item()
-    accuracy = (logits.argmax(dim=1) == y).float().mean().item()
-    return loss, accuracy
-
-
-def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(
-            f"Unknown {what} {value!r}. Choose one of: {', '.join(choices)}."
-        )

@@ -3,7 +3,7 @@ to fix it."""
 
 from __future__ import annotations
 
-__all__ = ["check_positive_int"]
+__all__ = ["check_choice", "check_positive_int"]
 
 
 def check_positive_int(name: str, value: object, how_to_fix: str | None = None) -> int:
@@ -20,5 +20,15 @@ def check_positive_int(name: str, value: object, how_to_fix: str | None = None) 
             how_to_fix = f"Pass a whole number of type int, e.g. {example}."
         raise ValueError(
             f"{name} must be an integer of at least 1, got {value!r}. {how_to_fix}"
+        )
+    return value
+
+
+def check_choice(what: str, value: str, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ``ValueError``
+    listing them."""
+    if value not in choices:
+        raise ValueError(
+            f"Unknown {what} {value!r}. Choose one of: {', '.join(choices)}."
         )
     return value

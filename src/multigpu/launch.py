@@ -1,7 +1,22 @@
-"""Start worker processes safely: the one launcher behind notebooks 07-11.
+"""Support code that starts worker processes for notebooks 07-11: you may skip it.
 
-Taught in ``notebooks/07_collectives_from_scratch.ipynb``; used by every notebook and
-test that runs real processes.
+Nothing in this file is about data parallelism. In a script you would use PyTorch's
+own launchers; this module stands in for them where they do not fit a notebook:
+
+- ``torch.multiprocessing.spawn(fn, args, nprocs)`` starts processes from Python
+  (https://github.com/pytorch/pytorch/blob/main/torch/multiprocessing/spawn.py).
+  :func:`spawn` starts them too, and also joins them into a process group, hands
+  back each rank's return value in rank order, and turns a rank that raises, dies
+  or never joins into one clear error within seconds.
+- ``torchrun --nproc-per-node=N script.py`` starts a script once per device and
+  sets up the rendezvous through environment variables
+  (https://github.com/pytorch/pytorch/blob/main/torch/distributed/run.py).
+  :func:`run_torchrun` runs it as a subprocess and returns what it printed.
+
+``notebooks/07_collectives_from_scratch.ipynb`` shows how to use it; every notebook
+and test that runs real processes does. The workers it runs live in
+:mod:`multigpu.workers`. What follows is the exact contract, then the code: the
+child side (what runs in each rank), the parent side, and torchrun.
 
 Contract
 --------

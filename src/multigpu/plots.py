@@ -1,6 +1,7 @@
-"""Figures: learning curves (01), per-device memory and timelines (02-06).
+"""Figures: learning curves (01), per-device memory and timelines (02-06), the ring
+all-reduce step by step (07).
 
-Every function returns a matplotlib Figure; in a notebook it is shown once.
+Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
+from .collectives import all_gather_send_chunk, reduce_scatter_send_chunk
 from .train import History
 
 
@@ -130,3 +133,69 @@ def plot_timeline(events: list, title: str | None = None) -> Figure:
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     fig.tight_layout()
     return fig
+
+
+def ring_states(world_size: int) -> list[dict]:
+    """For each step of the ring all-reduce: whose data each (rank, chunk) holds and
+    which chunk each rank sends, following the schedule of ``collectives`` (07)."""
+    holds = [[{rank} for _ in range(world_size)] for rank in range(world_size)]
+    states = []
+    phases = (
+        ("reduce-scatter", reduce_scatter_send_chunk),
+        ("all-gather", all_gather_send_chunk),
+    )
+    for phase, rule in phases:
+        for step in range(world_size - 1):
+            sends = [rule(rank, step, world_size) for rank in range(world_size)]
+            states.append(
+                {
+                    "title": f"{phase} step {step + 1}",
+                    "holds": [[set(h) for h in row] for row in holds],
+                    "sends": sends,
+                }
+            )
+            messages = [set(holds[rank][sends[rank]]) for rank in range(world_size)]
+            for rank, chunk in enumerate(sends):
+                receiver = holds[(rank + 1) % world_size]
+                if phase == "reduce-scatter":
+                    receiver[chunk] |= messages[rank]
+                else:
+                    receiver[chunk] = messages[rank]
+    states.append({"title": "done", "holds": holds, "sends": [None] * world_size})
+    return states
+
+
+def plot_ring(world_size: int = 4) -> Figure:
+    """One panel per ring step: rows are ranks, columns chunks; the colour and the
+    digits say whose data a chunk holds, a red box marks the chunk sent (07)."""
+    states = ring_states(world_size)
+    figure, axes = plt.subplots(
+        1, len(states), figsize=(2.2 * len(states), 2.6), squeeze=False
+    )
+    for axis, state in zip(axes[0], states, strict=True):
+        counts = [[len(h) for h in row] for row in state["holds"]]
+        axis.imshow(counts, cmap="Blues", vmin=0, vmax=world_size + 1)
+        for rank, row in enumerate(state["holds"]):
+            for chunk, holders in enumerate(row):
+                label = "".join(str(r) for r in sorted(holders))
+                colour = "white" if len(holders) == world_size else "black"
+                axis.text(
+                    chunk,
+                    rank,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color=colour,
+                )
+            chunk = state["sends"][rank]
+            if chunk is not None:
+                corner = (chunk - 0.5, rank - 0.5)
+                axis.add_patch(Rectangle(corner, 1, 1, fill=False, lw=2, ec="red"))
+        axis.set_title(state["title"], fontsize=9)
+        axis.set_xticks(range(world_size))
+        axis.set_yticks(range(world_size))
+        axis.set_xlabel("chunk")
+    axes[0][0].set_ylabel("rank (sends to rank + 1)")
+    figure.tight_layout()
+    return figure

@@ -1,20 +1,25 @@
-"""The single-device baseline: seeding, a training loop, evaluation, history.
+"""The training vocabulary of the series, and the single-device baseline loop.
 
-Taught in ``notebooks/01_single_device_baseline.ipynb``; every later notebook
-compares its numbers against this loop.
+Every training loop of the series reads a :class:`TrainConfig`, returns a
+:class:`History` and is judged with :func:`evaluate`: this module's :func:`train`
+(the single-device loop taught in ``notebooks/01_single_device_baseline.ipynb``,
+which every later notebook compares against), all-reduce SGD in
+:mod:`multigpu.allreduce_sgd` (08) and the DDP notebooks after it.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from .checks import check_choice, check_positive_int
 from .data import check_batch_size
 from .devices import Device, default_device, resolve_device
 from .reproducibility import round_sig
@@ -22,36 +27,59 @@ from .reproducibility import round_sig
 # No elapsed time or rate in the bar: its text is the same on every run and machine,
 # so stored notebook outputs stay comparable. Time per epoch is in History.seconds.
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt}{postfix}"
+ALLREDUCE_METHODS = ("naive", "ring", "torch")  # names accepted by `allreduce=`
+REDUCTIONS = ("average", "scale_loss")  # names accepted by `reduction=`
+
+# Labelled batches: a DataLoader, or [(X, y)] for one batch of tensors.
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters of a run; the same names are used in every notebook."""
+    """Hyper-parameters of a run; the same names in every notebook (01, 08).
+
+    One process and a group of ranks read the same config: ``batch_size`` is the
+    global batch, which data-parallel training splits over the ranks.
+    """
 
     epochs: int = 5  # passes over the training set
-    batch_size: int = 64  # samples per optimizer step (the global batch)
+    batch_size: int = 64  # samples per optimizer step, summed over all ranks
     lr: float = 0.05  # SGD learning rate
     momentum: float = 0.9  # SGD momentum
-    seed: int = 0  # seeds the model's initial weights and the data order
+    seed: int = 0  # data order: epoch e shuffles with seed + e; weights: set_seed(seed)
+    # The last two matter only with several ranks (08). How the ranks sum gradients:
+    # "naive" or "ring" (multigpu.collectives), or "torch" (dist.all_reduce) ...
+    allreduce: str = "ring"
+    # ... and whether they "average" the gradients or "scale_loss" and sum them.
+    reduction: str = "average"
 
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            raise ValueError(
-                f"epochs must be an integer of at least 1, got {self.epochs!r}."
-            )
+        check_positive_int("epochs", self.epochs)
         if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}.")
+            raise ValueError(
+                f"lr must be positive, got {self.lr!r}. Pass e.g. lr=0.05."
+            )
+        check_choice("all-reduce", self.allreduce, ALLREDUCE_METHODS)
+        check_choice("reduction", self.reduction, REDUCTIONS)
 
 
 @dataclass
 class History:
-    """Per-epoch numbers of a run (one entry per epoch in each list)."""
+    """What a run returns, from one process or from each rank (01, 08).
+
+    The first four lists have one entry per epoch, ``step_loss`` one per step.
+    """
 
     train_loss: list[float] = field(default_factory=list)  # mean over the epoch
     test_loss: list[float] = field(default_factory=list)  # empty without a test set
     test_accuracy: list[float] = field(default_factory=list)  # fraction in [0, 1]
     seconds: list[float] = field(default_factory=list)  # wall time of each epoch
+    step_loss: list[float] = field(default_factory=list)  # mean over this rank's batch
+    # The final weights (the model's state_dict) on the CPU; the same on every rank.
+    parameters: dict[str, torch.Tensor] = field(default_factory=dict)
+    rank: int = 0  # the rank that trained; 0 for one process
+    world_size: int = 1  # ranks that trained together; 1 for one process
 
     def rows(self, digits: int = 4) -> list[dict[str, float]]:
         """One dict per epoch, numbers to ``digits`` significant digits (no timings)."""
@@ -65,16 +93,41 @@ class History:
         return rows
 
 
+def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's weights on the CPU, comparable anywhere (01, 08)."""
+    return {
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in model.state_dict().items()
+    }
+
+
 def evaluate(
-    model: nn.Module, loader: DataLoader, device: Device | str | None = None
+    model: nn.Module,
+    batches: Batches,
+    device: Device | torch.device | str | None = None,
+    parameters: dict[str, torch.Tensor] | None = None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` over ``loader`` (01)."""
-    target = (resolve_device(device) if device else default_device()).torch_device
+    """Mean cross-entropy and accuracy over labelled ``batches`` (01, 08).
+
+    ``batches``: a DataLoader, or ``[(X, y)]`` for tensors X (N, ...), y (N,).
+    ``parameters``: a state_dict to evaluate instead of the model's own weights;
+    ``model`` then only gives the architecture and is not changed.
+    ``device``: where the batches go (the model must be there); by default, where
+    the model's weights are.
+    """
+    if parameters is not None:
+        model = copy.deepcopy(model)  # the caller's model keeps its weights
+        model.load_state_dict(parameters)
+    if device is None:
+        weight = next(model.parameters(), None)
+        target = weight.device if weight is not None else torch.device("cpu")
+    else:
+        target = resolve_device(device).torch_device
     was_training = model.training
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
     with torch.no_grad():
-        for X, y in loader:
+        for X, y in batches:
             X, y = X.to(target), y.to(target)
             logits = model(X)  # (batch, classes)
             total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
@@ -86,15 +139,16 @@ def evaluate(
 
 def train(
     model: nn.Module,
-    train_loader: DataLoader,
+    train_loader: Batches,
     config: TrainConfig,
     device: Device | str | None = None,
-    test_loader: DataLoader | None = None,
+    test_loader: Batches | None = None,
     progress: bool = True,
 ) -> History:
-    """Train with SGD on one device; return per-epoch history (01).
+    """Train with SGD on one device; return the run's History (01).
 
     Seed before building the model and the loader (``set_seed``) for repeatable runs.
+    ``config.allreduce`` and ``config.reduction`` are not used.
     """
     target = (resolve_device(device) if device else default_device()).torch_device
     model.to(target)
@@ -105,12 +159,9 @@ def train(
     for epoch in range(config.epochs):
         start = time.perf_counter()
         model.train()
-        if hasattr(train_loader, "sampler") and hasattr(
-            train_loader.sampler, "set_epoch"
-        ):
-            train_loader.sampler.set_epoch(
-                epoch
-            )  # a new order each epoch, from the seed
+        sampler = getattr(train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # a new order each epoch, from the seed
         total, count = 0.0, 0
         batches = tqdm(
             train_loader,
@@ -126,14 +177,16 @@ def train(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += loss.item() * len(y)
+            history.step_loss.append(loss.item())
+            total += history.step_loss[-1] * len(y)
             count += len(y)
             batches.set_postfix(loss=f"{total / count:.3f}", refresh=False)
         batches.close()
         history.train_loss.append(total / count)
         if test_loader is not None:
-            test_loss, accuracy = evaluate(model, test_loader, device)
+            test_loss, accuracy = evaluate(model, test_loader, target)
             history.test_loss.append(test_loss)
             history.test_accuracy.append(accuracy)
         history.seconds.append(time.perf_counter() - start)
+    history.parameters = cpu_state_dict(model)
     return history

@@ -1,0 +1,77 @@
+"""What an all-reduce costs: bytes per rank, the α-β time model, bus bandwidth (07).
+
+Taught in ``notebooks/07_collectives_from_scratch.ipynb``, next to the bytes and
+times measured with :mod:`multigpu.collectives`; notebook 12 extends this module
+into the cost model of data-parallel training, so new formulas belong here.
+
+For a tensor of S bytes all-reduced on n ranks:
+
+- Bytes sent per rank. Naive (through rank 0): (n-1)·S on rank 0, S on every other
+  rank. Ring: 2(n-1)/n·S on every rank, exact when n divides the element count; the
+  ring sends every chunk twice, except the one it keeps in the reduce-scatter and
+  the one it does not pass on in the all-gather, so uneven chunks give each rank a
+  slightly different count (:func:`ring_bytes_per_rank`).
+- Time, α-β model: a message of m bytes costs α + m/B (α the latency of one message,
+  B the bandwidth of one link), counted on the busiest link.
+  Ring: 2(n-1) steps of S/n bytes, t ≈ 2(n-1)·α + 2(n-1)/n·S/B.
+  Naive: rank 0 handles 2(n-1) whole tensors one after another,
+  t ≈ 2(n-1)·(α + S/B).
+- Bandwidth, as nccl-tests report it
+  (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+  algbw = S/t; for all-reduce busbw = algbw·2(n-1)/n, the number to compare with a
+  link's bandwidth and across world sizes.
+"""
+
+from __future__ import annotations
+
+from .collectives import ring_chunk_sizes
+
+
+def naive_bytes_per_rank(nbytes: int, world_size: int, rank: int) -> int:
+    """Bytes ``rank`` sends in ``collectives.naive_all_reduce`` of an ``nbytes``
+    tensor: (n-1)·S on rank 0, S elsewhere (07)."""
+    if world_size == 1 or nbytes == 0:
+        return 0
+    return (world_size - 1) * nbytes if rank == 0 else nbytes
+
+
+def ring_bytes_per_rank(
+    numel: int, element_size: int, world_size: int, rank: int
+) -> int:
+    """Exact bytes ``rank`` sends in ``collectives.ring_all_reduce``: every chunk
+    twice, except chunk r+1 (kept in the reduce-scatter) and r+2 (not sent on) (07)."""
+    if world_size == 1:
+        return 0
+    sizes = ring_chunk_sizes(numel, world_size)
+    skipped = sizes[(rank + 1) % world_size] + sizes[(rank + 2) % world_size]
+    return (2 * numel - skipped) * element_size
+
+
+def ring_bytes_theory(nbytes: float, world_size: int) -> float:
+    """2(n-1)/n · S: what each rank sends in a ring all-reduce (exact when n
+    divides the element count) (07)."""
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
+def alpha_beta_time(
+    algorithm: str, nbytes: float, world_size: int, alpha: float, bandwidth: float
+) -> float:
+    """Seconds the α-β model predicts for "ring" or "naive" all-reduce of ``nbytes``
+    with ``alpha`` seconds per message and ``bandwidth`` bytes/s per link (07, 12)."""
+    steps = 2 * (world_size - 1)
+    if algorithm == "ring":
+        return steps * alpha + ring_bytes_theory(nbytes, world_size) / bandwidth
+    if algorithm == "naive":
+        return steps * (alpha + nbytes / bandwidth)
+    raise ValueError(f"Unknown algorithm {algorithm!r}. Use 'ring' or 'naive'.")
+
+
+def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
+    """nccl-tests' algbw: tensor bytes over time, bytes/s (07)."""
+    return nbytes / seconds
+
+
+def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' busbw for all-reduce: algbw · 2(n-1)/n, comparable across world
+    sizes and with link bandwidth, bytes/s (07)."""
+    return algorithm_bandwidth(nbytes, seconds) * 2 * (world_size - 1) / world_size

@@ -1,0 +1,246 @@
+"""What the ranks run: every worker that notebooks and tests pass to spawn (07).
+
+A worker is called as ``worker(rank, world_size, *args)`` inside a process whose
+process group is ready, and what it returns travels back to the caller. New
+processes import it by module and name, so it cannot live in a notebook: the
+workers of notebooks and tests live here (the per-rank entry point of a training
+recipe stays in that recipe's module). Taught in
+``notebooks/07_collectives_from_scratch.ipynb``; the tests of ``launch`` and
+``collectives`` and ``bench/allreduce.py`` use them too.
+
+Run as a module it is also the torchrun example of ``launch.run_torchrun``::
+
+    torchrun --standalone --nproc-per-node=2 -m multigpu.workers
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
+from .costmodel import bus_bandwidth
+
+# ----------------------------------------------------------------------------------
+# Ranks and processes: what launch.spawn does when all goes well, and when not
+
+
+def whoami(rank: int, world_size: int) -> dict:
+    """What one rank sees: its rank, the group size, backend and thread limits (07)."""
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "dist_rank": dist.get_rank(),
+        "backend": dist.get_backend(),
+        "threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def sum_of_ranks(rank: int, world_size: int, offset: int = 1) -> int:
+    """all_reduce (rank + offset) over the group; every rank returns the sum (07)."""
+    value = torch.tensor([rank + offset])
+    dist.all_reduce(value)
+    return int(value.item())
+
+
+def environment_value(rank: int, world_size: int, name: str) -> str | None:
+    """The value of environment variable ``name`` in this rank (tests of launch)."""
+    return os.environ.get(name)
+
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises ValueError; the others wait in a collective (07)."""
+    dist.barrier()  # every rank has finished joining: the failure comes later
+    if rank == bad_rank:
+        raise ValueError(f"rank {rank} found a bad batch")
+    return sum_of_ranks(rank, world_size)
+
+
+def kill_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` dies from SIGKILL (like the out-of-memory killer) (07)."""
+    dist.barrier()
+    if rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sum_of_ranks(rank, world_size)
+
+
+def skip_collective(
+    rank: int, world_size: int, absent_rank: int, sleep_s: float
+) -> int:
+    """Rank ``absent_rank`` sleeps instead of joining the all_reduce (07)."""
+    if rank == absent_rank:
+        time.sleep(sleep_s)
+        return -1
+    return sum_of_ranks(rank, world_size)
+
+
+def wait_for_each_other(rank: int, world_size: int) -> int:
+    """Every rank waits to receive from its neighbour and none sends: all time out
+    (tests of launch)."""
+    incoming = torch.zeros(1)
+    dist.recv(incoming, src=(rank + 1) % world_size)
+    return int(incoming.item())
+
+
+def start_sleeper_then_fail(rank: int, world_size: int, pid_file: str) -> None:
+    """Start a long-sleeping subprocess, record its pid in ``pid_file``, then raise
+    (tests of launch)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(f"{pid_file}.{rank}", "w") as handle:
+        handle.write(str(sleeper.pid))
+    raise RuntimeError(f"rank {rank} failed after starting a subprocess")
+
+
+def unpicklable_result(rank: int, world_size: int):
+    """Returns something that cannot be sent back to the parent, a generator (tests
+    of launch)."""
+    return (i for i in range(3))
+
+
+# ----------------------------------------------------------------------------------
+# Messages and all-reduce (collectives.py)
+
+
+def ping_pong(rank: int, world_size: int, value: float) -> list[float]:
+    """Rank 0 sends ``value`` to rank 1, which doubles it and sends it back; every
+    rank returns what its tensor held at the end (07)."""
+    tensor = torch.tensor([value if rank == 0 else 0.0])
+    if rank == 0:
+        dist.send(tensor, dst=1)  # blocks until rank 1 has taken it
+        dist.recv(tensor, src=1)  # ... and waits for the answer
+    elif rank == 1:
+        dist.recv(tensor, src=0)
+        tensor *= 2
+        dist.send(tensor, dst=0)
+    return tensor.tolist()
+
+
+def rank_tensor(rank: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A deterministic, rank-dependent input for comparisons, values 0..99 + rank
+    (07)."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    values = torch.randint(0, 100, tuple(shape), generator=generator) + rank
+    if dtype.is_floating_point:
+        return values.to(dtype) / 7  # not exactly representable: rounding shows
+    return values.to(dtype)
+
+
+def _device() -> torch.device:
+    """Where this rank's tensors live: its GPU under nccl, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def compare_all_reduces(
+    rank: int, world_size: int, cases: Sequence[tuple[tuple[int, ...], torch.dtype]]
+) -> list[dict]:
+    """For each (shape, dtype): the result and the bytes sent of every all-reduce in
+    ``collectives.ALL_REDUCES`` on the same input (07)."""
+    rows = []
+    for shape, dtype in cases:
+        row = {"shape": tuple(shape), "dtype": dtype}
+        for name, all_reduce in ALL_REDUCES.items():
+            tensor = rank_tensor(rank, shape, dtype).to(_device())
+            row[f"{name} bytes"] = all_reduce(tensor)
+            row[name] = tensor.cpu()
+        rows.append(row)
+    return rows
+
+
+def transposed_all_reduce(rank: int, world_size: int) -> dict:
+    """The hand-written all-reduces of a non-contiguous (transposed) tensor, and
+    ``dist.all_reduce``'s sum as "expected" (tests of collectives)."""
+    base = rank_tensor(rank, (3, 5), torch.float32)
+    expected = base.clone()
+    dist.all_reduce(expected)
+    row = {"expected": expected.t()}
+    for name in ("naive", "ring", "ring pipelined"):
+        tensor = base.clone().t()  # (5, 3), not contiguous
+        ALL_REDUCES[name](tensor)
+        row[name] = tensor
+    return row
+
+
+def bytes_sent(rank: int, world_size: int, numel: int) -> dict:
+    """Bytes this rank sends in naive and ring all-reduce of ``numel`` float32 (07)."""
+    tensor = torch.ones(numel)
+    return {
+        "rank": rank,
+        "naive": naive_all_reduce(tensor.clone()),
+        "ring": ring_all_reduce(tensor.clone()),
+    }
+
+
+def time_all_reduces(
+    rank: int,
+    world_size: int,
+    sizes_bytes: Sequence[int],
+    repeats: int = 5,
+    names: Sequence[str] = tuple(ALL_REDUCES),
+) -> list[dict]:
+    """Median seconds (of the slowest rank) of each named all-reduce for float32
+    tensors of the given sizes; rows with bytes sent and bus bandwidth (07,
+    bench/allreduce.py).
+
+    The methods take turns within each repeat, so a burst of load on the machine
+    hits all of them alike; repeat 0 only warms up connections and buffers.
+    """
+    rows = []
+    for nbytes in sizes_bytes:
+        source = torch.ones(nbytes // 4, device=_device())
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        sent: dict[str, int | None] = {}
+        for repeat in range(repeats + 1):
+            for name in names:
+                tensor = source.clone()
+                dist.barrier()
+                start = time.perf_counter()
+                sent[name] = ALL_REDUCES[name](tensor)
+                if tensor.is_cuda:
+                    torch.cuda.synchronize()
+                elapsed = torch.tensor([time.perf_counter() - start], device=_device())
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                if repeat:
+                    seconds[name].append(elapsed.item())
+        for name in names:
+            median = statistics.median(seconds[name])
+            rows.append(
+                {
+                    "algorithm": name,
+                    "world_size": world_size,
+                    "bytes": nbytes,
+                    "bytes sent": sent[name],  # by this rank
+                    "seconds": median,
+                    "busbw GB/s": bus_bandwidth(nbytes, median, world_size) / 1e9,
+                }
+            )
+    return rows
+
+
+# ----------------------------------------------------------------------------------
+# torchrun: each rank runs this module's main()
+
+
+def main() -> None:
+    """torchrun entry: every rank adds rank + 1; rank 0 prints the sum (tests of
+    launch.run_torchrun)."""
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    total = sum_of_ranks(rank, world_size)
+    if rank == 0:
+        print(f"world_size={world_size} sum={total} threads={torch.get_num_threads()}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Tests for multigpu.costmodel: bytes per rank, α-β time and bus bandwidth."""
+
+import pytest
+
+from multigpu import costmodel
+
+
+def test_ring_and_naive_bytes_on_examples():
+    # 12 float32 on 4 ranks: 2 * 3/4 * 48 bytes each.
+    assert [costmodel.ring_bytes_per_rank(12, 4, 4, r) for r in range(4)] == [72] * 4
+    # 10 elements on 4 ranks are chunks 3,3,2,2: rank 0 skips chunks 1 and 2.
+    ring = [costmodel.ring_bytes_per_rank(10, 1, 4, r) for r in range(4)]
+    assert ring == [15, 16, 15, 14]
+    assert costmodel.ring_bytes_per_rank(5, 4, 1, 0) == 0
+    assert costmodel.naive_bytes_per_rank(100, 4, 0) == 300
+    assert costmodel.naive_bytes_per_rank(100, 4, 3) == 100
+    assert costmodel.naive_bytes_per_rank(100, 1, 0) == 0
+    assert costmodel.naive_bytes_per_rank(0, 4, 0) == 0
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 7])
+def test_ring_bytes_average_the_theory_whatever_the_chunks(world_size):
+    for numel in (1, 5, 10, 12, 101):
+        per_rank = [
+            costmodel.ring_bytes_per_rank(numel, 4, world_size, r)
+            for r in range(world_size)
+        ]
+        mean = sum(per_rank) / world_size
+        assert mean == pytest.approx(costmodel.ring_bytes_theory(4 * numel, world_size))
+        assert max(per_rank) - min(per_rank) <= 2 * 4  # chunks differ by one element
+
+
+def test_ring_bytes_theory_tends_to_twice_the_tensor():
+    assert costmodel.ring_bytes_theory(100, 2) == 100
+    assert costmodel.ring_bytes_theory(100, 4) == 150
+    assert costmodel.ring_bytes_theory(100, 1000) == pytest.approx(199.8)
+
+
+def test_alpha_beta_time():
+    alpha, bandwidth = 1e-5, 1e9
+    ring = costmodel.alpha_beta_time("ring", 1e6, 4, alpha, bandwidth)
+    naive = costmodel.alpha_beta_time("naive", 1e6, 4, alpha, bandwidth)
+    assert ring == pytest.approx(6 * alpha + 1.5e6 / bandwidth)
+    assert naive == pytest.approx(6 * (alpha + 1e6 / bandwidth))
+    with pytest.raises(ValueError, match="Unknown algorithm 'tree'"):
+        costmodel.alpha_beta_time("tree", 1e6, 4, alpha, bandwidth)
+
+
+def test_bus_bandwidth():
+    assert costmodel.algorithm_bandwidth(1e9, 2.0) == 5e8
+    assert costmodel.bus_bandwidth(1e9, 2.0, 4) == pytest.approx(7.5e8)
+    assert costmodel.bus_bandwidth(1e9, 2.0, 1) == 0.0
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_a_ring_without_latency_runs_at_the_link_bandwidth(world_size):
+    # busbw is defined so that an ideal ring reaches B whatever n is; latency
+    # brings it down to B / (1 + n α B / S) (exercise 3 of notebook 07).
+    bandwidth, nbytes = 100e9, 64e6
+    seconds = costmodel.alpha_beta_time("ring", nbytes, world_size, 0.0, bandwidth)
+    assert costmodel.bus_bandwidth(nbytes, seconds, world_size) == pytest.approx(
+        bandwidth
+    )
+    alpha = 5e-6
+    seconds = costmodel.alpha_beta_time("ring", nbytes, world_size, alpha, bandwidth)
+    expected = bandwidth / (1 + world_size * alpha * bandwidth / nbytes)
+    assert costmodel.bus_bandwidth(nbytes, seconds, world_size) == pytest.approx(
+        expected
+    )

@@ -482,22 +482,13 @@ def test_timeline_has_events_for_every_replica():
     assert gather.start >= forward_end  # the gather waits for every replica
 
 
-def test_one_device_timeline_and_plots():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from multigpu.plots import plot_memory, plot_timeline
-
+def test_one_device_timeline():
     devices = simulated_devices(1)
     X, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
     _, recorder = dp.record_step(dp.DataParallel(_model(), devices), X, y)
     names = [e.name for e in recorder.events]
-    assert "replicate" not in names and names.count("backward") == 1
-    for fig in (plot_memory(recorder.ledger), plot_timeline(recorder.events)):
-        assert fig.axes
-        plt.close(fig)
+    assert names == ["scatter", "forward", "loss", "backward"]  # no replicas
+    assert set(recorder.ledger) == {"gpu:0"}
 
 
 def _tiny(devices):

@@ -116,3 +116,25 @@ def test_plot_ring_draws_one_panel_per_step_with_the_sent_chunks_boxed():
     labels = {text.get_text() for text in figure.axes[-1].texts}
     assert labels == {"012"}  # every chunk on every rank holds the full sum
     plt.close(figure)
+
+
+def test_a_recorded_one_device_step_draws_one_lane_and_one_bar():
+    import matplotlib.pyplot as plt
+    import torch
+
+    from multigpu import dataparallel as dp
+    from multigpu.devices import simulated_devices
+    from multigpu.plots import plot_memory, plot_timeline
+
+    torch.manual_seed(0)
+    devices = simulated_devices(1)
+    model = dp.to_device(torch.nn.Linear(3, 2), devices[0])
+    X, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    _, recorder = dp.record_step(dp.DataParallel(model, devices), X, y)
+    timeline = plot_timeline(recorder.events).axes[0]
+    assert [t.get_text() for t in timeline.get_yticklabels()] == ["gpu:0"]
+    legend = [text.get_text() for text in timeline.get_legend().get_texts()]
+    assert legend == ["scatter", "forward", "loss", "backward"]
+    memory = plot_memory(recorder.ledger).axes[0]
+    assert [t.get_text() for t in memory.get_xticklabels()] == ["gpu:0"]
+    plt.close("all")

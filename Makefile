@@ -53,6 +53,7 @@ notebooks: $(STAMP)
 		--ExecutePreprocessor.timeout=300 \
 		--ExecutePreprocessor.extra_arguments="--InteractiveShell.xmode=Minimal" \
 		$(NOTEBOOKS)
+	$(BIN)/python tests/test_notebooks.py --fix  # the metadata JupyterLab writes
 
 bench: $(STAMP)
 	$(THREADS) $(BIN)/python bench/notebook_times.py

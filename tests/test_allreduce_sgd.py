@@ -228,3 +228,12 @@ def test_partition_order_is_the_single_device_loaders_order():
     sampler = EpochSampler(50, seed=7)
     sampler.set_epoch(2)
     assert DataPartitioner(50, 1, seed=7).order(2).tolist() == list(sampler)
+
+
+def test_comparing_empty_state_dicts_is_a_clear_error():
+    with pytest.raises(ValueError) as raised:
+        max_parameter_difference({}, {})
+    assert str(raised.value) == (
+        "The two state_dicts are empty: there are no parameters to compare. "
+        "Pass the results' .parameters after training."
+    )

@@ -178,3 +178,29 @@ def test_unshuffled_loader_keeps_dataset_order():
     dataset = get_dataset("digits", train=False)
     labels = torch.cat([y for _, y in make_loader(dataset, 64, shuffle=False)])
     assert torch.equal(labels, dataset.targets)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not gzip at all", gzip.compress(b"1,2,3\n")[:-6], gzip.compress(b"1,2,x\n")],
+    ids=["not-gzip", "truncated", "not-numbers"],
+)
+def test_damaged_digits_file_says_how_to_restore_it(tmp_path, content):
+    (tmp_path / "digits").mkdir()
+    (tmp_path / "digits" / "digits.csv.gz").write_bytes(content)
+    with pytest.raises(data.DatasetCorruptError) as raised:
+        get_dataset("digits", root=tmp_path)
+    message = str(raised.value)
+    assert message.startswith(f"The digits dataset file {tmp_path}")
+    assert "is damaged and cannot be read" in message
+    assert message.endswith("restore it with `git checkout -- data/digits`.")
+
+
+def test_tensors_of_an_empty_dataset_is_a_clear_error():
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0))
+    with pytest.raises(ValueError) as raised:
+        tensors(empty)
+    assert str(raised.value) == (
+        "tensors got an empty dataset: there is nothing to stack. Pass a dataset "
+        "with at least one sample, e.g. get_dataset('digits')."
+    )

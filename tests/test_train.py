@@ -135,20 +135,47 @@ def test_bad_config_is_a_clear_error(kwargs, message):
         TrainConfig(**kwargs)
 
 
-def test_set_seed_makes_random_numbers_repeat():
-    set_seed(3)
-    a = torch.rand(3)
-    set_seed(3)
-    assert torch.equal(a, torch.rand(3))
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (
+            {"lr": "0.1"},
+            TypeError,
+            "lr must be a number, got '0.1' (str). Pass e.g. lr=0.05.",
+        ),
+        ({"lr": float("nan")}, ValueError, "lr must be a finite number, got nan."),
+        ({"lr": float("inf")}, ValueError, "lr must be a finite number, got inf."),
+        ({"lr": -0.1}, ValueError, "lr must be positive, got -0.1."),
+        (
+            {"momentum": -0.5},
+            ValueError,
+            "momentum must not be negative, got -0.5. Pass e.g. momentum=0.9, or "
+            "0.0 for none.",
+        ),
+        ({"momentum": True}, TypeError, "momentum must be a number, got True (bool)."),
+    ],
+)
+def test_config_numbers_are_checked_up_front(kwargs, error, message):
+    with pytest.raises(error) as raised:
+        TrainConfig(**kwargs)
+    assert str(raised.value).startswith(message)
 
 
-def test_round_sig_keeps_significant_digits():
-    from multigpu.reproducibility import round_sig
+def test_zero_momentum_is_allowed():
+    assert TrainConfig(momentum=0).momentum == 0
 
-    assert round_sig(1.234567) == 1.235
-    assert round_sig(0.000123456) == 0.0001235
-    assert round_sig(98765.4) == 98770.0
-    assert round_sig(-2.0) == -2.0
+
+def test_an_empty_loader_is_a_clear_error():
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0))
+    loader = make_loader(empty, batch_size=4, shuffle=False)
+    with pytest.raises(ValueError) as raised:
+        train(ConvNet(), loader, TrainConfig(epochs=1), device="cpu", progress=False)
+    assert str(raised.value).startswith("train_loader gave no batches")
+    with pytest.raises(ValueError) as raised:
+        evaluate(ConvNet(), loader, device="cpu")
+    assert str(raised.value).startswith("evaluate got no samples")
+    with pytest.raises(ValueError, match="evaluate got no samples"):
+        evaluate(ConvNet(), [])
 
 
 def test_reusing_a_loader_gives_the_same_run():

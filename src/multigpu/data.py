@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import os
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,10 @@ DATASETS: dict[str, DatasetInfo] = {
         3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
     ),
 }
+
+
+class DatasetCorruptError(RuntimeError):
+    """A dataset file exists but cannot be read (01)."""
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -97,8 +102,15 @@ class DigitsDataset(Dataset):
                 f"The digits dataset is missing: {path} does not exist. It ships "
                 "with the repository; restore it with `git checkout -- data/digits`."
             )
-        with gzip.open(path, "rt") as f:
-            table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+        try:
+            with gzip.open(path, "rt") as f:
+                table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+        except (OSError, EOFError, ValueError, zlib.error) as error:
+            raise DatasetCorruptError(
+                f"The digits dataset file {path} is damaged and cannot be read "
+                f"({type(error).__name__}: {error}). It ships with the repository; "
+                "restore it with `git checkout -- data/digits`."
+            ) from error
         # A fixed permutation, independent of any global seed, splits train/test.
         order = torch.randperm(len(table), generator=torch.Generator().manual_seed(0))
         order = order[:DIGITS_TRAIN_SIZE] if train else order[DIGITS_TRAIN_SIZE:]
@@ -227,6 +239,11 @@ def check_batch_size(batch_size: int) -> int:
 
 def tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole dataset as two tensors: images (N, C, H, W) and labels (N,) (01)."""
+    if len(dataset) == 0:
+        raise ValueError(
+            "tensors got an empty dataset: there is nothing to stack. Pass a dataset "
+            "with at least one sample, e.g. get_dataset('digits')."
+        )
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))
     return torch.stack(images), torch.tensor(labels)
 

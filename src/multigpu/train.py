@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .checks import check_choice, check_positive_int
+from .checks import check_choice, check_number, check_positive_int
 from .data import check_batch_size
 from .devices import Device, default_device, resolve_device
 from .reproducibility import round_sig
@@ -56,10 +56,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)
         check_positive_int("epochs", self.epochs)
-        if self.lr <= 0:
-            raise ValueError(
-                f"lr must be positive, got {self.lr!r}. Pass e.g. lr=0.05."
-            )
+        check_number("lr", self.lr, "Pass e.g. lr=0.05.")
+        check_number(
+            "momentum",
+            self.momentum,
+            "Pass e.g. momentum=0.9, or 0.0 for none.",
+            allow_zero=True,
+        )
         check_choice("all-reduce", self.allreduce, ALLREDUCE_METHODS)
         check_choice("reduction", self.reduction, REDUCTIONS)
 
@@ -134,6 +137,11 @@ def evaluate(
             correct += (logits.argmax(dim=1) == y).sum().item()
             count += len(y)
     model.train(was_training)
+    if count == 0:
+        raise ValueError(
+            "evaluate got no samples: the batches are empty. Pass a DataLoader over "
+            "a non-empty dataset, or [(X, y)] with at least one sample."
+        )
     return total_loss / count, correct / count
 
 
@@ -182,6 +190,12 @@ def train(
             count += len(y)
             batches.set_postfix(loss=f"{total / count:.3f}", refresh=False)
         batches.close()
+        if count == 0:
+            raise ValueError(
+                "train_loader gave no batches, so there is nothing to train on. "
+                "Check that the dataset is not empty and, with drop_last=True, that "
+                "it holds at least one full batch."
+            )
         history.train_loss.append(total / count)
         if test_loader is not None:
             test_loss, accuracy = evaluate(model, test_loader, target)

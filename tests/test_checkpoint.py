@@ -1,10 +1,22 @@
-"""Tests for multigpu.checkpoint: the ``module.`` prefix both ways, atomic saves."""
+"""Tests for multigpu.checkpoint: the ``module.`` prefix both ways, atomic saves,
+plain data for weights-only loading, clear errors for damaged files and mismatched
+optimizers, stale temporaries of killed saves."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
 from collections import OrderedDict
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +25,11 @@ from torch import nn
 
 from multigpu import checkpoint, dataparallel
 from multigpu.checkpoint import (
+    CheckpointError,
     CheckpointMismatchError,
+    InvalidCheckpointError,
+    OptimizerMismatchError,
+    UnsafeCheckpointError,
     add_prefix,
     load_checkpoint,
     load_model_state,
@@ -22,6 +38,7 @@ from multigpu.checkpoint import (
     unwrap,
 )
 from multigpu.devices import simulated_devices
+from multigpu.train import History, TrainConfig
 
 
 def small_model(seed: int = 0) -> nn.Module:
@@ -296,8 +313,8 @@ def gpu_checkpoint(tmp_path):
 
 @pytest.mark.parametrize(
     "map_location",
-    [None, "cpu", torch.device("cpu"), simulated_devices(2)[1]],
-    ids=["default", "str", "torch.device", "simulated"],
+    [None, "cpu", torch.device("cpu"), simulated_devices(2)[1], "gpu:1", " GPU:1"],
+    ids=["default", "str", "torch.device", "simulated", "simulated name", "spaced"],
 )
 def test_map_location_moves_a_gpu_checkpoint_to_the_cpu(gpu_checkpoint, map_location):
     path, source = gpu_checkpoint
@@ -389,3 +406,446 @@ def test_same_weights_compares_names_and_values_through_wrappers():
         twin.bias[0] += 1e-6  # a last-digit change is a different weight
     assert not checkpoint.same_weights(model, twin)
     assert not checkpoint.same_weights(model, nn.Linear(2, 2, bias=False))  # names
+
+
+# --- map_location: simulated device names and bad names ----------------------------
+
+
+def test_simulated_name_moves_nothing_off_the_cpu(tmp_path):
+    # PyTorch itself does not know the simulated names
+    torch.save(small_model().state_dict(), tmp_path / "c.pt")
+    with pytest.raises(RuntimeError, match=r"tagged with gpu:1"):
+        torch.load(tmp_path / "c.pt", map_location="gpu:1", weights_only=True)
+    target = small_model(seed=1)
+    loaded = load_checkpoint(tmp_path / "c.pt", target, map_location="gpu:1")
+    assert {tensor.device for tensor in loaded["model"].values()} == {
+        torch.device("cpu")
+    }
+    assert_same_state(small_model(), target)
+
+
+def test_bad_device_names_are_refused_before_the_file_is_read(tmp_path):
+    save_checkpoint(tmp_path / "c.pt", small_model())
+    with pytest.raises(ValueError, match=r"^Unknown device 'gpu:x'\."):
+        load_checkpoint(tmp_path / "c.pt", small_model(), map_location="gpu:x")
+    with pytest.raises(ValueError) as error:
+        load_checkpoint(tmp_path / "c.pt", small_model(), map_location="banana")
+    assert str(error.value) == (
+        "Unknown map_location 'banana'. Use 'cpu', 'cuda:N', a simulated 'gpu:N', "
+        "a torch.device or a Device."
+    )
+
+
+def test_a_device_this_machine_lacks_is_not_called_a_damaged_file(gpu_checkpoint):
+    path, _ = gpu_checkpoint
+    if torch.cuda.device_count() > 99:
+        pytest.skip("this machine has a cuda:99")
+    with pytest.raises(RuntimeError, match="Attempting to deserialize object on") as e:
+        load_checkpoint(path, small_model(), map_location=None)  # keep saved devices
+    assert not isinstance(e.value, CheckpointError)
+
+
+# --- plain data: what weights-only loading accepts ----------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnSettings:
+    """A dataclass of a module outside the package (this test file)."""
+
+    name: str = "run"
+    sizes: tuple[int, ...] = (1, 2)
+
+
+class Opaque:
+    """An arbitrary class: weights-only loading refuses to unpickle it."""
+
+
+def test_a_config_round_trips_through_weights_only_loading(tmp_path):
+    config = TrainConfig(epochs=2, lr=0.1, seed=3)
+    history = History(train_loss=[1.5, 0.5], parameters={"w": torch.ones(2)})
+    extras = {
+        "step": 120,
+        "loss": 0.25,
+        "note": "hello",
+        "flag": True,
+        "nothing": None,
+        "seeds": [0, 1],
+        "shape": (3, 4),
+        "nested": {"lr": 0.1, "sizes": [64, 128], "configs": [config]},
+    }
+    path = save_checkpoint(
+        tmp_path / "c.pt",
+        small_model(),
+        epoch=4,
+        config=config,
+        history=history,
+        **extras,
+    )
+    raw = torch.load(path, weights_only=True)  # plain torch.load reads it too
+    assert raw["config"] == {
+        "__dataclass__": "multigpu.train.TrainConfig",
+        "fields": dataclasses.asdict(config),
+    }
+    loaded = load_checkpoint(path, small_model(1))
+    assert type(loaded["config"]) is TrainConfig and loaded["config"] == config
+    assert type(loaded["history"]) is History
+    assert loaded["history"].train_loss == [1.5, 0.5]
+    torch.testing.assert_close(loaded["history"].parameters["w"], torch.ones(2))
+    assert {key: loaded[key] for key in extras} == extras
+    assert type(loaded["shape"]) is tuple
+    assert loaded["nested"]["configs"][0] == config
+    assert loaded["epoch"] == 4
+
+
+def test_a_dataclass_of_another_module_comes_back_as_its_fields(tmp_path):
+    save_checkpoint(tmp_path / "c.pt", small_model(), settings=OwnSettings())
+    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert loaded["settings"] == {"name": "run", "sizes": (1, 2)}
+    assert OwnSettings(**loaded["settings"]) == OwnSettings()
+
+
+def test_a_file_naming_other_code_imports_and_runs_nothing(tmp_path):
+    state = small_model().state_dict()
+    stored = {"__dataclass__": "subprocess.Popen", "fields": {"args": ["false"]}}
+    torch.save(
+        {"model": state, "optimizer": None, "epoch": None, "x": stored},
+        tmp_path / "c.pt",
+    )
+    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert loaded["x"] == {"args": ["false"]}  # the fields, no process
+
+
+def test_a_stored_config_that_no_longer_fits_is_a_clear_error(tmp_path):
+    stored = {
+        "__dataclass__": "multigpu.train.TrainConfig",
+        "fields": {"epochs": 1, "colour": "red"},
+    }
+    torch.save(
+        {"model": small_model().state_dict(), "epoch": None, "config": stored},
+        tmp_path / "c.pt",
+    )
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert str(error.value) == (
+        "c.pt stores a multigpu.train.TrainConfig that this version of multigpu "
+        "cannot build again from its fields (TypeError: TrainConfig.__init__() got "
+        "an unexpected keyword argument 'colour'). Load it with the version of "
+        "multigpu that saved it, or read its fields with torch.load and build the "
+        "TrainConfig yourself."
+    )
+
+
+@pytest.mark.parametrize(
+    "value, refused",
+    [
+        (Opaque(), f"{Opaque.__module__}.Opaque"),
+        ({"inner": [Path("data")]}, f"pathlib.{type(Path()).__name__}"),
+        (lambda: 1, "function"),
+    ],
+    ids=["own class", "nested Path", "lambda"],
+)
+def test_save_refuses_what_loading_would_refuse(tmp_path, value, refused):
+    save_checkpoint(tmp_path / "c.pt", small_model(), epoch=1)
+    with pytest.raises(TypeError) as error:
+        save_checkpoint(tmp_path / "c.pt", small_model(1), epoch=2, thing=value)
+    assert str(error.value) == (
+        f"save_checkpoint cannot store 'thing': it holds a {refused}, and "
+        "load_checkpoint unpickles only plain data, so that loading a file runs no "
+        "code from it. Pass plain data instead: tensors, numbers, strings, lists, "
+        "tuples, dicts and dataclasses of them (for a Path, str(path))."
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # nothing written
+    assert load_checkpoint(tmp_path / "c.pt", small_model())["epoch"] == 1
+
+
+def test_save_keeps_its_own_keys(tmp_path):
+    with pytest.raises(ValueError) as error:
+        save_checkpoint(tmp_path / "c.pt", small_model(), optimizer_type="SGD")
+    assert str(error.value) == (
+        "save_checkpoint keeps the key(s) ['optimizer_type'] for itself, so they "
+        "cannot be passed as extra values. Store the value under another name."
+    )
+
+
+def test_a_state_dict_stored_as_an_extra_keeps_its_metadata(tmp_path):
+    ema = small_model(seed=2).state_dict()
+    save_checkpoint(tmp_path / "c.pt", small_model(), ema=ema, config=TrainConfig())
+    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert loaded["ema"]._metadata == ema._metadata
+    small_model().load_state_dict(loaded["ema"])
+
+
+# --- files that are not checkpoints -------------------------------------------------
+
+
+def damaged_files(directory: Path) -> dict[str, bytes]:
+    """Bytes that torch.load cannot read, and the errors it raises on its own."""
+    save_checkpoint(directory / "good.pt", nn.Linear(30, 30), epoch=1)
+    good = (directory / "good.pt").read_bytes()  # 5.6 kB
+    return {
+        "empty": b"",
+        "truncated": good[: len(good) - 100],  # cut short: OSError [Errno 22]
+        "half": good[: len(good) // 2],  # RuntimeError from the zip reader
+        "random bytes": random.Random(0).randbytes(1000),
+        "text": b"hello world\n",
+    }
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("kind", ["empty", "truncated", "half", "random bytes", "text"])
+def test_a_damaged_file_says_it_is_not_a_valid_checkpoint(tmp_path, kind, weights_only):
+    path = tmp_path / "c.pt"
+    path.write_bytes(damaged_files(tmp_path)[kind])
+    with pytest.raises(Exception) as raw:  # what torch.load says on its own
+        torch.load(path, weights_only=weights_only)
+    with pytest.raises(InvalidCheckpointError) as error:
+        load_checkpoint(path, small_model(), weights_only=weights_only)
+    message = str(error.value)
+    if kind == "empty":
+        assert message == (
+            "c.pt is not a valid checkpoint: the file is empty (0 bytes). Restore "
+            "c.pt from a copy, or save the checkpoint again with save_checkpoint."
+        )
+    else:
+        assert message == (
+            "c.pt is not a valid checkpoint: torch.load cannot read it "
+            f"({type(raw.value).__name__}), so it is cut short, corrupted, or not a "
+            "file written by torch.save. Restore c.pt from a copy, or save the "
+            "checkpoint again with save_checkpoint."
+        )
+    assert isinstance(error.value, CheckpointError | RuntimeError)
+    assert error.value.__cause__ is not None  # torch's own error, for the curious
+    shown = "".join(traceback.format_exception(error.value))
+    assert "weights_only=False" not in shown  # never advice to load unsafely
+    assert str(tmp_path) not in message
+
+
+def test_torch_alone_gives_the_unclear_errors(tmp_path):
+    """What the issue saw: each damage gets a different, unhelpful error."""
+    files = damaged_files(tmp_path)
+    for kind, error_type, text in [
+        ("empty", EOFError, ""),
+        ("truncated", OSError, "[Errno 22] Invalid argument"),
+        ("random bytes", Exception, "weights_only` set to `False"),
+    ]:
+        (tmp_path / "c.pt").write_bytes(files[kind])
+        with pytest.raises(error_type) as error:
+            torch.load(tmp_path / "c.pt", weights_only=True)
+        assert text in str(error.value)
+
+
+def test_a_file_holding_other_objects_is_refused_without_unsafe_advice(tmp_path):
+    state = small_model().state_dict()
+    torch.save({"model": state, "epoch": 1, "thing": Opaque()}, tmp_path / "c.pt")
+    refused = f"{Opaque.__module__}.Opaque"
+    with pytest.raises(UnsafeCheckpointError) as error:
+        load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert str(error.value) == (
+        f"c.pt holds a {refused}, which load_checkpoint does not unpickle because "
+        "unpickling objects other than plain data can run code from the file. Save "
+        "the checkpoint again with save_checkpoint, which stores plain data, or, "
+        "only if you trust where the file came from, load it inside "
+        f"`with torch.serialization.safe_globals([{refused}]):`."
+    )
+    assert "weights_only=False" not in "".join(traceback.format_exception(error.value))
+    with torch.serialization.safe_globals([Opaque]):  # the advice works
+        assert isinstance(
+            load_checkpoint(tmp_path / "c.pt", small_model(1))["thing"], Opaque
+        )
+    # an explicit opt-in to full unpickling loads it too
+    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1), weights_only=False)
+    assert isinstance(loaded["thing"], Opaque)
+
+
+# --- optimizers of another type ---------------------------------------------------
+
+
+def trained_optimizer(model: nn.Module, kind: type, **options) -> torch.optim.Optimizer:
+    """An optimizer of type ``kind`` after one step, so that it has state."""
+    optimizer = kind(model.parameters(), lr=0.1, **options)
+    torch.manual_seed(0)
+    nn.functional.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 2)).backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_torch_alone_says_key_error_step():
+    model = small_model()
+    sgd_state = trained_optimizer(model, torch.optim.SGD, momentum=0.9).state_dict()
+    with pytest.raises(KeyError, match="'step'"):
+        torch.optim.Adam(model.parameters()).load_state_dict(sgd_state)
+
+
+def test_the_optimizer_type_is_saved(tmp_path):
+    model = small_model()
+    save_checkpoint(
+        tmp_path / "c.pt", model, trained_optimizer(model, torch.optim.Adam)
+    )
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["optimizer_type"] == "Adam"
+    save_checkpoint(tmp_path / "plain.pt", model)  # the keys notebook 06 shows
+    assert list(torch.load(tmp_path / "plain.pt", weights_only=True)) == [
+        "model",
+        "optimizer",
+        "epoch",
+    ]
+
+
+@pytest.mark.parametrize(
+    "saved, passed", [("Adam", "SGD"), ("SGD", "Adam")], ids=["Adam->SGD", "SGD->Adam"]
+)
+def test_optimizer_types_differ(tmp_path, saved, passed):
+    source = small_model(seed=0)
+    options = {"SGD": {"momentum": 0.9}, "Adam": {}}
+    saved_optimizer = trained_optimizer(
+        source, getattr(torch.optim, saved), **options[saved]
+    )
+    save_checkpoint(tmp_path / "c.pt", source, saved_optimizer, epoch=1)
+    target = small_model(seed=1)
+    optimizer = getattr(torch.optim, passed)(target.parameters(), lr=0.5)
+    before = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(OptimizerMismatchError) as error:
+        load_checkpoint(tmp_path / "c.pt", target, optimizer)
+    assert str(error.value) == (
+        f"c.pt holds optimizer state saved from {saved}, but the optimizer passed is "
+        f"{passed}: the optimizer types differ. Create the optimizer as {saved}, as "
+        "when the checkpoint was saved, or pass optimizer=None to load only the "
+        f"weights and start {passed} afresh."
+    )
+    assert isinstance(error.value, CheckpointMismatchError)
+    assert optimizer.state_dict() == before  # nothing loaded ...
+    assert_same_state(target, small_model(seed=1))  # ... into either
+
+
+def test_an_old_file_without_the_optimizer_type_still_gets_a_clear_error(tmp_path):
+    source = small_model(seed=0)
+    sgd = trained_optimizer(source, torch.optim.SGD, momentum=0.9)
+    save_checkpoint(tmp_path / "c.pt", source, sgd, epoch=1)
+    old = torch.load(tmp_path / "c.pt", weights_only=True)
+    del old["optimizer_type"]  # as saved before the type was recorded
+    torch.save(old, tmp_path / "c.pt")
+    target = small_model(seed=1)
+    adam = torch.optim.Adam(target.parameters(), lr=0.5)
+    before = copy.deepcopy(adam.state_dict())
+    with pytest.raises(OptimizerMismatchError) as error:
+        load_checkpoint(tmp_path / "c.pt", target, adam)
+    assert str(error.value) == (
+        "c.pt holds optimizer state that does not fit Adam (KeyError: 'step'): it "
+        "was saved from another optimizer type, or for another model. Create the "
+        "same optimizer type for the same model as when the checkpoint was saved, or "
+        "pass optimizer=None to load only the weights."
+    )
+    assert isinstance(error.value.__cause__, KeyError)
+    assert adam.state_dict() == before  # put back as it was: it still steps
+    nn.functional.mse_loss(target(torch.randn(8, 4)), torch.randn(8, 2)).backward()
+    adam.step()
+
+
+# --- stale temporaries of killed saves --------------------------------------------
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(child.stdout)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    return pid
+
+
+def temporary(directory: Path, target: str, pid: int, age: float = 0.0) -> Path:
+    """A file named like a temporary of a save of ``target`` by process ``pid``,
+    last written ``age`` seconds ago."""
+    path = directory / f".{target}.{pid}.{os.urandom(4).hex()}.tmp"
+    path.write_bytes(b"PK\x03\x04 part of a checkpoint")
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process ids and locks: POSIX only")
+def test_the_next_save_removes_stale_temporaries_only(tmp_path):
+    import fcntl
+
+    gone, running, ours = dead_pid(), os.getppid(), os.getpid()
+    long_ago = checkpoint.STALE_AFTER_SECONDS + 60
+    stale = [
+        temporary(tmp_path, "c.pt", gone),  # its writer was killed
+        temporary(tmp_path, "c.pt", running, age=long_ago),  # an id reused since
+        temporary(tmp_path, "c.pt", ours, age=long_ago),  # e.g. a restarted container
+    ]
+    kept = [
+        temporary(tmp_path, "c.pt", running),  # fresh, writer running: may be in flight
+        temporary(tmp_path, "c.pt", ours),  # another thread's save, just started
+        temporary(tmp_path, "d.pt", gone),  # another target's
+        temporary(tmp_path, "c.pt.1", gone),  # another target's, with a similar name
+        tmp_path / ".c.pt.notes.tmp",  # not this module's name
+        tmp_path / "c.pt.12.0123abcd.tmp",  # not hidden: not this module's
+    ]
+    for path in kept[-2:]:
+        path.write_text("mine")
+    locked = temporary(tmp_path, "c.pt", gone, age=long_ago)  # a save in flight
+    kept.append(locked)
+    with open(locked, "rb") as holder:  # elsewhere, e.g. another container
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        save_checkpoint(tmp_path / "c.pt", small_model(), epoch=1)
+    assert not any(path.exists() for path in stale)
+    assert all(path.exists() for path in kept)
+    assert load_checkpoint(tmp_path / "c.pt", small_model())["epoch"] == 1
+
+
+KILLED_SAVE = """
+import os, sys, time
+import torch
+from multigpu import checkpoint
+
+def stop_before_the_rename(descriptor):  # all bytes written; now hang
+    print("written", flush=True)
+    time.sleep(300)
+
+os.fsync = stop_before_the_rename
+checkpoint.save_checkpoint(sys.argv[1], torch.nn.Linear(100, 100), epoch=0)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals and locks: POSIX only")
+@pytest.mark.parametrize(
+    "signal_number", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"]
+)
+def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(
+    tmp_path, signal_number
+):
+    path = tmp_path / "c.pt"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SAVE, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready, _, _ = select.select([writer.stdout], [], [], 120)
+        assert ready and writer.stdout.readline() == "written\n", writer.stderr.read()
+        (left,) = [p for p in tmp_path.iterdir() if p.name != "c.pt"]
+        assert left.name.startswith(f".c.pt.{writer.pid}.")
+        size = left.stat().st_size
+        assert size > 100 * 100 * 4  # the whole checkpoint, waiting to be renamed
+
+        save_checkpoint(path, small_model(), epoch=1)  # while the writer is alive
+        assert left.exists()  # its save is in flight: kept
+        assert load_checkpoint(path, small_model())["epoch"] == 1
+
+        writer.send_signal(signal_number)
+        assert writer.wait(timeout=60) == -signal_number
+        assert left.exists() and left.stat().st_size == size  # left behind
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+        writer.stderr.close()
+    save_checkpoint(path, small_model(), epoch=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+    assert load_checkpoint(path, small_model())["epoch"] == 2

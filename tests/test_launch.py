@@ -1,14 +1,23 @@
-"""Tests for multigpu.launch: results, errors from failing ranks, no leftovers."""
+"""Tests for multigpu.launch: results, errors from failing ranks, deadlines, no
+leftovers (not even when the caller of spawn is killed)."""
 
+import importlib.util
+import inspect
+import signal
+import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from multigpu import launch, workers
 from multigpu.launch import (
+    DeadlineExceededError,
     TorchrunError,
     WorkerError,
     WorkerNotImportableError,
@@ -18,6 +27,9 @@ from multigpu.launch import (
 
 TIMEOUT = 5.0  # seconds for every collective in these tests
 SLACK = 10.0  # extra seconds a loaded 2-core machine may need to report
+ORPHAN_LIMIT_S = 2.0  # the caller died: its last rank must be gone this soon
+HELPER_LIMIT_S = 5.0  # ... and the forkserver and resource tracker this soon
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _descendants() -> set[int]:
@@ -122,9 +134,51 @@ def test_bad_arguments_give_clear_errors():
         spawn(workers.sum_of_ranks, 1, (i for i in range(3)))
 
 
-def test_nccl_with_more_ranks_than_gpus_is_refused():
-    import torch
+def test_an_infinite_timeout_or_deadline_is_refused_with_the_way_to_say_none():
+    with pytest.raises(ValueError) as caught:
+        spawn(workers.whoami, 1, timeout=float("inf"))
+    assert str(caught.value) == (
+        "timeout=inf cannot be used: torch.distributed and the launcher need a "
+        "finite number of seconds. For no timeout, pass timeout=None."
+    )
+    with pytest.raises(ValueError, match="For no deadline, pass deadline=None"):
+        spawn(workers.whoami, 1, deadline=float("inf"))
+    with pytest.raises(ValueError, match="deadline must be a positive number"):
+        spawn(workers.whoami, 1, deadline=0)
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        spawn(workers.whoami, 1, timeout=float("nan"))
+    with pytest.raises(TypeError, match="deadline must be a number of seconds"):
+        spawn(workers.whoami, 1, deadline="60")
 
+
+def test_timeout_none_means_no_timeout(no_leftovers):
+    # Rank 1 joins the all_reduce 1.5 s late; with timeout=1 that fails.
+    assert spawn(workers.join_late, 2, 1, 1.5, timeout=None) == [3, 3]
+    assert launch._as_timedelta(None) >= timedelta(days=365)
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.join_late, 2, 1, 3.0, timeout=1.0)
+    assert caught.value.timed_out
+
+
+def test_far_more_ranks_than_cores_gives_a_warning(monkeypatch):
+    monkeypatch.setattr(launch, "_cpu_count", lambda: 1)
+    with pytest.warns(RuntimeWarning) as caught:
+        rows = spawn(workers.whoami, 5)
+    assert [row["rank"] for row in rows] == [0, 1, 2, 3, 4]
+    (warning,) = [w for w in caught if "world_size=5" in str(w.message)]
+    assert str(warning.message) == (
+        "world_size=5 starts 5 processes on 1 CPU core(s), more than 4 per core: "
+        "each rank gets a small slice of a core, so the launch may crawl and its "
+        "collectives may reach their timeout. Use at most 4 ranks on this "
+        "machine, or raise timeout= and deadline= if you mean it."
+    )
+    assert warning.filename == __file__  # it points at the line that called spawn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launch._warn_if_crowded(4)  # 4 per core: no warning
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused():
     too_many = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match="one GPU per rank"):
         spawn(workers.whoami, too_many, backend="nccl")
@@ -167,6 +221,35 @@ def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
     assert "Rank(s) [1] had not reported" in str(error)
 
 
+def test_a_rank_stuck_outside_collectives_is_stopped_at_the_deadline(no_leftovers):
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceededError) as caught:
+        spawn(workers.stuck_outside_collectives, 3, 1, timeout=TIMEOUT, deadline=2.0)
+    elapsed = time.monotonic() - start
+    assert 2.0 <= elapsed < 2.0 + SLACK
+    error = caught.value
+    assert isinstance(error, WorkerError)
+    assert str(error) == (
+        "The launch did not finish within its deadline of 2 s: rank 1 of 3 still "
+        "running (ranks 0 and 2 had returned). Every rank has been stopped. A rank "
+        "stuck outside any collective (an endless loop, a blocking read) is caught "
+        "by the deadline, not by the timeout: error.traceback shows where rank 1 "
+        "was. If the work just needs longer, pass a larger deadline= (None for no "
+        "deadline)."
+    )
+    assert (error.rank, error.exitcode, error.deadline) == (1, None, 2.0)
+    assert error.timed_out
+    assert (error.missing_ranks, error.returned_ranks) == ([1], [0, 2])
+    # Where it was stuck: its Python stack, dumped at the deadline.
+    assert "in stuck_outside_collectives" in error.traceback
+    assert error.traceback in str(error.__cause__)
+
+
+def test_the_default_deadline_is_generous_but_finite():
+    default = inspect.signature(spawn).parameters["deadline"].default
+    assert default == launch.DEFAULT_DEADLINE_S == 300.0
+
+
 def test_ranks_that_all_wait_for_each_other_time_out(no_leftovers):
     with pytest.raises(WorkerError) as caught:
         spawn(workers.wait_for_each_other, 2, timeout=2.0)
@@ -201,6 +284,125 @@ def test_a_result_that_cannot_be_pickled_is_reported(no_leftovers):
         spawn(workers.unpicklable_result, 2, timeout=TIMEOUT)
 
 
+def test_a_result_that_cannot_be_unpickled_here_is_attributed_to_its_rank(
+    no_leftovers,
+):
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.result_that_fails_to_unpickle, 2, 1, timeout=TIMEOUT)
+    error = caught.value
+    assert str(error) == (
+        "Rank 1 of 2 returned a value that cannot be unpickled in this process "
+        "(ValueError: this object cannot be rebuilt outside the rank). Return "
+        "tensors, numbers, strings, lists or dicts, or objects of classes that this "
+        "process can import and rebuild."
+    )
+    assert error.rank == 1
+    assert "in _refuse_to_unpickle" in error.traceback
+
+
+def test_a_rank_that_returns_while_a_peer_waits_is_a_collective_mismatch(
+    no_leftovers,
+):
+    # Rank 1 returns at once; rank 0 waits in an all_reduce that rank 1 never joins.
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.skip_collective, 2, 1, 0.0, timeout=TIMEOUT)
+    error = caught.value
+    assert str(error) == (
+        "Rank 0 of 2 was still in a collective when rank 1 returned normally from "
+        "the worker: the ranks called different collectives (a collective "
+        "mismatch). Every rank must call the same collectives in the same order; "
+        "look for one that only some ranks reach (a branch on the rank, an early "
+        "return, a loop whose length differs). torch.distributed's own error is in "
+        "error.traceback"
+    )
+    assert (error.rank, error.returned_ranks, error.missing_ranks) == (0, [1], [])
+    assert not error.timed_out
+    assert "gloo" in error.traceback  # torch's own words are kept there
+
+
+def test_tensors_of_different_sizes_show_gloos_own_words(no_leftovers, capfd):
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.mismatched_shapes, 2, timeout=TIMEOUT)
+    error = caught.value
+    assert (error.rank, error.exitcode) == (0, -signal.SIGABRT)
+    gloo = "Received data size doesn't match expected size."
+    lines = str(error).splitlines()
+    assert lines[0] == (
+        "Rank 0 of 2 was killed by SIGABRT without reporting an error. Its stderr "
+        "ends with:"
+    )
+    assert "gloo::EnforceNotMet" in lines[1]
+    assert lines[2].startswith("      what():  [enforce fail at ")
+    assert lines[2].endswith(
+        f"8 vs 4. {gloo} Is there a distributed collective mismatch in your code?"
+    )
+    assert gloo in error.stderr and gloo in error.traceback
+    assert gloo in capfd.readouterr().err  # what ranks print still reaches stderr
+
+
+def test_a_worker_that_calls_os_exit_gets_its_own_message(no_leftovers):
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.exit_without_returning, 2, 1, timeout=TIMEOUT)
+    error = caught.value
+    assert str(error) == (
+        "Rank 1 of 2 exited with code 0 while its worker was running, without "
+        "returning or raising: the worker, or something it called, ended the "
+        "process (for example with os._exit(0)). A worker must return its result "
+        "or raise an exception"
+    )
+    assert (error.rank, error.exitcode, error.returned_ranks) == (1, 0, [0])
+
+
+def test_an_exception_whose_text_fails_is_still_reported(no_leftovers):
+    with pytest.raises(WorkerError) as caught:
+        spawn(workers.raise_unprintable, 2, 1, timeout=TIMEOUT)
+    error = caught.value
+    assert str(error) == (
+        "Rank 1 of 2 failed with UnprintableError, whose message cannot be shown: "
+        "str() of it raised RuntimeError: this exception cannot be turned into text"
+    )
+    assert (error.rank, error.exitcode) == (1, None)
+    assert "raise UnprintableError()" in error.traceback
+
+
+def test_the_main_guard_hint_is_kept_for_a_rank_that_died_before_its_worker():
+    failure = launch._Failure(rank=1, exitcode=1, started=False)
+    assert failure.describe(2)[0] == (
+        "Rank 1 of 2 exited with code 1 before it could report (see its stderr; a "
+        "script that calls spawn needs an `if __name__ == '__main__':` guard)"
+    )
+    failure.started = True
+    assert "__main__" not in failure.describe(2)[0]
+
+
+def _orphans():
+    """bench/orphans.py: kill the caller of spawn, time how long its ranks live."""
+    if "bench_orphans" not in sys.modules:
+        path = ROOT / "bench" / "orphans.py"
+        spec = importlib.util.spec_from_file_location("bench_orphans", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_orphans"] = module  # its dataclass looks itself up there
+        spec.loader.exec_module(module)
+    return sys.modules["bench_orphans"]
+
+
+def _check_no_orphans(result) -> None:
+    print(result)  # the measured seconds (pytest -s shows them)
+    assert result.left == []
+    assert result.helpers  # at least the forkserver, which must go too
+    assert result.ranks_gone_s < ORPHAN_LIMIT_S
+    assert result.all_gone_s < HELPER_LIMIT_S
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_ranks_end_when_the_script_that_called_spawn_is_killed(how, tmp_path):
+    _check_no_orphans(_orphans().kill_a_script(how, tmp_path))
+
+
+def test_ranks_end_when_the_jupyter_kernel_that_called_spawn_is_killed(tmp_path):
+    _check_no_orphans(_orphans().kill_a_kernel(tmp_path))
+
+
 def test_eight_launches_at_once_do_not_clash(no_leftovers):
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [
@@ -222,3 +424,29 @@ def test_run_torchrun_stops_a_run_that_takes_too_long():
     with pytest.raises(TorchrunError, match="did not finish within 0.5 s"):
         run_torchrun("multigpu.workers", 1, timeout=0.5)
     assert _descendants() - before == set()
+
+
+def test_the_training_launches_of_notebook_08_carry_a_deadline(monkeypatch):
+    from multigpu import allreduce_sgd
+    from multigpu.models import ConvNet
+    from multigpu.train import TrainConfig
+
+    calls = []
+
+    def fake_spawn(worker, world_size, *args, **options):
+        calls.append(options)
+        return [{"run": f"rank {rank}"} for rank in range(world_size)]
+
+    monkeypatch.setattr(allreduce_sgd, "spawn", fake_spawn)
+    X, y, config = torch.zeros(8, 1, 8, 8), torch.zeros(8), TrainConfig(batch_size=4)
+    runs = allreduce_sgd.train_data_parallel(ConvNet(), X, y, config, 2)
+    assert runs == ["rank 0", "rank 1"]
+    allreduce_sgd.train_data_parallel(ConvNet(), X, y, config, 2, 5.0, "gloo", 60.0)
+    allreduce_sgd.compare_data_parallel(
+        ConvNet(), X, y, {"run": config}, 2, timeout=None, deadline=None
+    )
+    assert [(call["timeout"], call["deadline"]) for call in calls] == [
+        (30.0, launch.DEFAULT_DEADLINE_S),
+        (5.0, 60.0),
+        (None, None),
+    ]

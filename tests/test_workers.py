@@ -2,6 +2,9 @@
 (the launch demos are tested in test_launch.py, the all-reduce comparisons in
 test_collectives.py)."""
 
+import pickle
+
+import pytest
 import torch
 
 from multigpu import costmodel, workers
@@ -46,3 +49,19 @@ def test_timing_only_the_named_all_reduces():
         ("ring", 4096),
         ("ring", 8192),
     ]
+
+
+def test_the_misbehaving_workers_misbehave_only_on_their_rank():
+    # Called in this process: the ranks that behave return at once.
+    assert workers.stuck_outside_collectives(0, 2, 1) == 0
+    assert workers.exit_without_returning(0, 2, 1) == 0
+    assert workers.raise_unprintable(0, 2, 1) == 0
+    assert workers.result_that_fails_to_unpickle(0, 2, 1) == 0
+
+
+def test_the_faulty_objects_fail_where_they_should():
+    with pytest.raises(RuntimeError, match="cannot be turned into text"):
+        str(workers.UnprintableError())
+    data = pickle.dumps(workers.RefusesToUnpickle())  # pickling works ...
+    with pytest.raises(ValueError, match="cannot be rebuilt outside the rank"):
+        pickle.loads(data)  # ... unpickling does not

@@ -45,7 +45,7 @@ from torch import nn
 from . import collectives
 from .checks import check_positive_int
 from .data import epoch_order
-from .launch import spawn
+from .launch import DEFAULT_DEADLINE_S, spawn
 from .train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
 
 
@@ -284,15 +284,18 @@ def compare_data_parallel(
     y: torch.Tensor,
     configs: dict[str, TrainConfig],
     world_size: int,
-    timeout: float = 30.0,
+    timeout: float | None = 30.0,
     backend: str = "gloo",
+    deadline: float | None = DEFAULT_DEADLINE_S,
 ) -> dict[str, list[History]]:
     """Several runs in one launch of ``world_size`` processes: {name: results by rank}.
 
     Starting processes costs seconds; training a small model costs less, so the
     notebook compares all-reduce variants inside one launch (08). ``backend="gloo"``
     keeps every rank on the CPU, where the single-process reference runs too;
-    ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank).
+    ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank). ``timeout`` bounds each
+    collective and ``deadline`` the whole launch, in seconds (see
+    :func:`multigpu.launch.spawn`).
     """
     for config in configs.values():  # fail here, before any process starts
         per_rank_batch_size(config.batch_size, world_size)
@@ -305,6 +308,7 @@ def compare_data_parallel(
         configs,
         backend=backend,
         timeout=timeout,
+        deadline=deadline,
     )
     return {name: [results[name] for results in per_rank] for name in configs}
 
@@ -315,17 +319,18 @@ def train_data_parallel(
     y: torch.Tensor,
     config: TrainConfig,
     world_size: int,
-    timeout: float = 30.0,
+    timeout: float | None = 30.0,
     backend: str = "gloo",
+    deadline: float | None = DEFAULT_DEADLINE_S,
 ) -> list[History]:
     """Train on ``world_size`` processes; one History per rank, by rank (08).
 
     X (N, ...) and y (N,) are the whole training set; every rank starts from a copy
     of ``model`` (which is not changed) and trains on its own shard of each batch.
-    ``backend``: as in :func:`compare_data_parallel`.
+    ``timeout``, ``backend`` and ``deadline``: as in :func:`compare_data_parallel`.
     """
     runs = compare_data_parallel(
-        model, X, y, {"run": config}, world_size, timeout, backend
+        model, X, y, {"run": config}, world_size, timeout, backend, deadline
     )
     return runs["run"]
 
@@ -344,6 +349,11 @@ def max_parameter_difference(
         raise ValueError(
             "The two state_dicts have different keys. Compare parameters of the "
             "same model architecture."
+        )
+    if not a:
+        raise ValueError(
+            "The two state_dicts are empty: there are no parameters to compare. "
+            "Pass the results' .parameters after training."
         )
     return max((a[name] - b[name]).abs().max().item() for name in a)
 

@@ -6,7 +6,7 @@ processes import it by module and name, so it cannot live in a notebook: the
 workers of notebooks and tests live here (the per-rank entry point of a training
 recipe stays in that recipe's module). Taught in
 ``notebooks/07_collectives_from_scratch.ipynb``; the tests of ``launch`` and
-``collectives`` and ``bench/allreduce.py`` use them too.
+``collectives``, ``bench/allreduce.py`` and ``bench/orphans.py`` use them too.
 
 Run as a module it is also the torchrun example of ``launch.run_torchrun``::
 
@@ -104,6 +104,85 @@ def unpicklable_result(rank: int, world_size: int):
     """Returns something that cannot be sent back to the parent, a generator (tests
     of launch)."""
     return (i for i in range(3))
+
+
+def join_late(rank: int, world_size: int, late_rank: int, delay_s: float) -> int:
+    """Rank ``late_rank`` sleeps ``delay_s`` seconds before it joins the all_reduce:
+    the others wait for it (tests of launch)."""
+    if rank == late_rank:
+        time.sleep(delay_s)
+    return sum_of_ranks(rank, world_size)
+
+
+def stuck_outside_collectives(
+    rank: int, world_size: int, stuck_rank: int, busy: bool = False
+) -> int:
+    """Rank ``stuck_rank`` never returns: it loops forever outside any collective
+    (at full CPU if ``busy``), which no timeout catches, only spawn's deadline; the
+    others return their rank (07)."""
+    while rank == stuck_rank:
+        if not busy:
+            time.sleep(0.05)
+    return rank
+
+
+def record_pid_and_spin(rank: int, world_size: int, pid_dir: str) -> None:
+    """Write this process's pid to ``{pid_dir}/rank{rank}.pid``, then spin at full
+    CPU forever outside any collective, like a runaway rank (tests of launch,
+    bench/orphans.py: do the ranks end when their caller dies?)."""
+    path = os.path.join(pid_dir, f"rank{rank}.pid")
+    with open(f"{path}.tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(f"{path}.tmp", path)  # whoever reads it never sees half a pid
+    while True:
+        pass
+
+
+def exit_without_returning(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` ends its own process with ``os._exit(0)``: it neither
+    returns nor raises (tests of launch)."""
+    if rank == bad_rank:
+        os._exit(0)
+    return rank
+
+
+class UnprintableError(Exception):
+    """An exception whose text cannot be made: ``str()`` of it raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be turned into text")
+
+
+def raise_unprintable(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises an :class:`UnprintableError` (tests of launch)."""
+    if rank == bad_rank:
+        raise UnprintableError()
+    return rank
+
+
+def _refuse_to_unpickle() -> None:
+    raise ValueError("this object cannot be rebuilt outside the rank")
+
+
+class RefusesToUnpickle:
+    """Pickles without complaint, but unpickling it raises ValueError."""
+
+    def __reduce__(self):
+        return (_refuse_to_unpickle, ())
+
+
+def result_that_fails_to_unpickle(rank: int, world_size: int, bad_rank: int):
+    """Rank ``bad_rank`` returns a :class:`RefusesToUnpickle`, which the parent
+    cannot unpickle; the others return their rank (tests of launch)."""
+    return RefusesToUnpickle() if rank == bad_rank else rank
+
+
+def mismatched_shapes(rank: int, world_size: int) -> list[float]:
+    """Each rank all-reduces a tensor of a different size, 4 * (rank + 1) elements:
+    gloo aborts the process that receives more than it expects (tests of launch)."""
+    tensor = torch.zeros(4 * (rank + 1))
+    dist.all_reduce(tensor)
+    return tensor.tolist()
 
 
 # ----------------------------------------------------------------------------------

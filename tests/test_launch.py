@@ -450,3 +450,25 @@ def test_the_training_launches_of_notebook_08_carry_a_deadline(monkeypatch):
         (5.0, 60.0),
         (None, None),
     ]
+
+
+def test_a_worker_module_written_at_run_time_into_a_folder_on_sys_path(
+    tmp_path, monkeypatch
+):
+    # What a learner does from a notebook: %%writefile a module into a folder,
+    # put the folder on sys.path, import the worker, launch it.
+    (tmp_path / "learners_worker.py").write_text(
+        "import torch\n"
+        "import torch.distributed as dist\n\n\n"
+        "def total(rank, world_size):\n"
+        "    value = torch.tensor([rank + 1.0])\n"
+        "    dist.all_reduce(value)\n"
+        "    return value.item()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import learners_worker
+
+    try:
+        assert launch.spawn(learners_worker.total, 3, backend="gloo") == [6.0] * 3
+    finally:
+        sys.modules.pop("learners_worker", None)

@@ -37,8 +37,11 @@ lint: $(STAMP)
 pytest: $(STAMP)
 	$(THREADS) $(BIN)/pytest tests/
 
+# Twice: with this machine's CPU kernels, then with none (ATEN_CPU_CAPABILITY=default,
+# as on some ARM builds), so that no stored output depends on the processor.
 nbval: $(STAMP)
 	$(THREADS) $(BIN)/pytest -p no:randomly $(NBVAL) $(NOTEBOOKS)
+	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/pytest -p no:randomly $(NBVAL) $(NOTEBOOKS)
 
 # A workshop dry run: execute every notebook into build/ as HTML, change nothing.
 run: $(STAMP)

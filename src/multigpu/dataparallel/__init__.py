@@ -27,8 +27,9 @@ this package                  PyTorch
 ``replicate.py``              ``replicate.py``
 ``parallel_apply.py``         ``parallel_apply.py``
 ``data_parallel.py``          ``data_parallel.py`` (the ``DataParallel`` module)
-``recorder.py``               nothing: the memory ledger and timeline of
-                              notebooks 03 and 06, attached from outside
+``recorder.py``               nothing: the memory ledger, measured peaks and
+                              timeline of notebooks 03 and 06, attached from
+                              outside
 ============================  ==================================================
 
 ``import multigpu.dataparallel as dp`` gives all the public names below.

@@ -480,6 +480,16 @@ def test_timeline_has_events_for_every_replica():
     forward_end = max(e.end for e in events if e.name == "forward")
     gather = next(e for e in events if e.name == "gather")
     assert gather.start >= forward_end  # the gather waits for every replica
+    # as in PyTorch, scatter (comm.scatter) and replicate (one coalesced broadcast)
+    # are each one call for all the devices: one span, drawn on every lane
+    spans = {
+        name: {(e.start, e.end) for e in events if e.name == name}
+        for name in ("scatter", "replicate")
+    }
+    assert [len(s) for s in spans.values()] == [1, 1]
+    [(_, scatter_end)], [(replicate_start, replicate_end)] = spans.values()
+    assert scatter_end <= replicate_start
+    assert replicate_end <= min(e.start for e in events if e.name == "forward")
 
 
 def test_one_device_timeline():
@@ -582,6 +592,120 @@ def test_gradients_are_placed_with_their_parameters():
     assert {str(dp.device_of(p.grad)) for p in copied.parameters()} == {"cpu"}
 
 
+def _allocator_peak(step):
+    """Run ``step()`` under PyTorch's profiler and return (the most bytes the CPU
+    allocator held at once above what it held before, step's result): an
+    independent count, from the allocator's own reports, of the current thread."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = step()
+    events = prof.profiler.kineto_results.events()
+    memory = sorted(
+        (e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    held = peak = 0
+    for event in memory:  # + bytes allocated, - bytes freed
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak, result
+
+
+@pytest.mark.parametrize("batch", [1, 64, 333])
+def test_one_device_peak_matches_the_allocator(batch):
+    # One device: the whole step runs in this thread, where the profiler sees every
+    # allocation. An MLP's ops allocate nothing but their results, so the two
+    # counts agree to the byte, on the first step and on the next (which sums
+    # into the .grad of the first).
+    torch.manual_seed(0)
+    devices = simulated_devices(1)
+    mlp = nn.Sequential(nn.Linear(64, 100), nn.ReLU(), nn.Linear(100, 10))
+    parallel = dp.DataParallel(dp.to_device(mlp, devices[0]), devices)
+    X, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
+    weights = sum(p.numel() * 4 for p in mlp.parameters())
+    for held_before in (weights, 2 * weights):  # the weights, then also .grad
+        peak, (_, recorder) = _allocator_peak(lambda: dp.record_step(parallel, X, y))
+        assert list(recorder.peak) == ["gpu:0"]
+        assert recorder.peak["gpu:0"] == held_before + peak
+        assert recorder.live == {"gpu:0": 2 * weights + 4}  # + .grad, + the loss
+
+
+def test_replica_peaks_by_hand():
+    # Linear(3, 5) -> ReLU -> Linear(5, 2) on 2 devices, 4 rows each (float32).
+    devices = simulated_devices(2)
+    X, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    chunk, weights, hidden, out = 4 * 3 * 4, 128, 4 * 5 * 4, 4 * 2 * 4
+    recorder = dp.Recorder()
+    recorder.watch(dp.DataParallel(_tiny(devices), devices))(X)  # forward only
+    # gpu:1, in its replica's thread: its chunk and its copy of the weights, and at
+    # the ReLU the first Linear's output next to the ReLU's (which replaces it).
+    # gpu:0 holds the same (its replica is the model itself), then the gathered
+    # outputs (8 x 2) next to its own output and the ReLU's, which backward needs.
+    assert recorder.peak == {
+        "gpu:0": chunk + weights + hidden + out + 8 * 2 * 4,
+        "gpu:1": chunk + weights + 2 * hidden,
+    }
+    assert recorder.peak["gpu:1"] == 336
+    # a whole step: backward on gpu:1 never holds more than its forward did, and
+    # afterwards only the model's weights, their .grad and the loss remain
+    _, recorder = dp.record_step(dp.DataParallel(_tiny(devices), devices), X, y)
+    assert recorder.peak["gpu:1"] == 336
+    assert recorder.live == {"gpu:0": 2 * weights + 4, "gpu:1": 0}
+
+
+def test_the_ledger_is_not_the_peak():
+    # ConvNet(width=4): a convolution's output lives until its ReLU replaces it,
+    # and backward holds activation gradients next to the activations, so the
+    # measured peak exceeds the sum of the ledger on every device.
+    devices = simulated_devices(4)
+    model = dp.to_device(_model(), devices[0])
+    X, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    _, recorder = dp.record_step(dp.DataParallel(model, devices), X, y)
+    totals, peak = recorder.totals(), recorder.peak
+    assert list(peak) == list(totals) == [d.name for d in devices]
+    assert all(peak[d] > totals[d] for d in totals)
+    assert peak["gpu:1"] == peak["gpu:2"] == peak["gpu:3"] < peak["gpu:0"]
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert recorder.live == {
+        "gpu:0": 2 * params + 4,
+        "gpu:1": 0,
+        "gpu:2": 0,
+        "gpu:3": 0,
+    }
+    # the same step untracked: the same ledger and timeline, no peak
+    model.zero_grad(set_to_none=True)
+    _, untracked = dp.record_step(
+        dp.DataParallel(model, devices), X, y, track_memory=False
+    )
+    assert untracked.ledger == recorder.ledger
+    assert untracked.peak == {} and untracked.live == {}
+    assert sorted((e.device, e.name) for e in untracked.events) == sorted(
+        (e.device, e.name) for e in recorder.events
+    )
+
+
+@pytest.mark.gpu(1)
+def test_peak_matches_cuda_max_memory_allocated():
+    # On a real GPU the caching allocator counts every byte: the measured peak
+    # above what was held before equals its peak, up to its rounding of each
+    # block to 512 bytes (and the few bytes its kernels allocate inside one op).
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 1000))
+    parallel = dp.DataParallel(mlp.to("cuda:0"), ["cuda:0"])
+    X, y = torch.randn(512, 1024), torch.randint(0, 1000, (512,))
+    dp.record_step(parallel, X, y)  # warm up: cuBLAS's workspace, the kernels
+    mlp.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    _, recorder = dp.record_step(parallel, X, y)
+    torch.cuda.synchronize()
+    allocator = torch.cuda.max_memory_allocated(0) - before
+    weights = sum(p.numel() * p.element_size() for p in mlp.parameters())
+    assert list(recorder.peak) == ["cuda:0"]
+    assert recorder.peak["cuda:0"] - weights == pytest.approx(allocator, rel=0.01)
+
+
 # ---------------------------------------------------------------------------
 # (f) the recorder attaches from outside
 # ---------------------------------------------------------------------------
@@ -651,3 +775,165 @@ def test_watch_moves_sees_only_the_moves_inside_it():
         dp.scatter(x, simulated_devices(2))
     dp.to_device(x, "gpu:0")
     assert seen == ["gpu:1", "gpu:0", "gpu:1"]
+
+
+# ---------------------------------------------------------------------------
+# (g) fidelity: unused parameters, BatchNorm, the optimizer, loading weights
+# ---------------------------------------------------------------------------
+
+
+class _WithSpare(nn.Module):
+    """A linear layer, and a spare one that forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(3, 2)
+        self.spare = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_an_unused_parameter_gets_a_zero_grad_on_two_or_more_devices(count):
+    torch.manual_seed(0)
+    devices = simulated_devices(count)
+    model = dp.to_device(_WithSpare(), devices[0])
+    reference = copy.deepcopy(model)
+    X = torch.randn(7, 3)
+    dp.DataParallel(model, devices)(X).sum().backward()
+    reference(X).sum().backward()
+    torch.testing.assert_close(model.used.weight.grad, reference.used.weight.grad)
+    assert reference.spare.weight.grad is None  # one device, no DataParallel
+    if count == 1:  # DataParallel calls the module itself: nothing replicated
+        assert model.spare.weight.grad is None
+    else:
+        for grad in (model.spare.weight.grad, model.spare.bias.grad):
+            assert torch.equal(grad, torch.zeros_like(grad))
+            assert dp.device_of(grad) == devices[0]
+
+
+def test_a_frozen_parameter_gets_no_grad_and_no_graph_without_grad():
+    devices = simulated_devices(3)
+    model = dp.to_device(_WithSpare(), devices[0])
+    model.spare.requires_grad_(False)
+    model.used.bias.requires_grad_(False)
+    parallel = dp.DataParallel(model, devices)
+    parallel(torch.randn(6, 3)).sum().backward()
+    assert model.used.weight.grad is not None
+    assert model.used.bias.grad is None and model.spare.weight.grad is None
+    replica = dp.replicate(model, devices)[1]
+    assert replica.used.weight.requires_grad and not replica.used.bias.requires_grad
+
+
+def _cpu_comm(monkeypatch):
+    """PyTorch's comm primitives on any device: broadcast by copying, reduce by
+    adding (the CUDA versions move bytes; the autograd around them is the same)."""
+    from torch.nn.parallel import comm
+
+    def broadcast_coalesced(tensors, devices, buffer_size=None):
+        return [
+            [t.view_as(t) if i == 0 else t.clone() for t in tensors] for i in devices
+        ]
+
+    def reduce_add_coalesced(inputs, destination=None, buffer_size=None):
+        return [sum(grads[1:], grads[0]) for grads in zip(*inputs, strict=True)]
+
+    monkeypatch.setattr(comm, "broadcast_coalesced", broadcast_coalesced)
+    monkeypatch.setattr(comm, "reduce_add_coalesced", reduce_add_coalesced)
+
+
+def test_pytorchs_replicate_also_gives_an_unused_parameter_a_gradient(monkeypatch):
+    # PyTorch's own replicate, Broadcast and ReduceAddCoalesced, run on "meta"
+    # tensors (Broadcast refuses CPU ones) with CPU stand-ins for the comm calls.
+    _cpu_comm(monkeypatch)
+    model = _WithSpare().to("meta")
+    model.used.bias.requires_grad_(False)
+    replicas = torch.nn.parallel.replicate(model, [0, 1])
+    outputs = [r(torch.zeros(2, 3, device="meta")) for r in replicas]
+    torch.cat(outputs).sum().backward()
+    assert model.spare.weight.grad is not None  # materialised zeros, summed
+    assert model.spare.bias.grad is not None
+    assert model.used.bias.grad is None  # requires_grad=False: no gradient
+
+
+@pytest.mark.gpu(2)
+def test_unused_parameter_grads_match_torch_dataparallel_on_gpus():
+    model = _WithSpare().cuda(0)
+    ours_model = copy.deepcopy(model)
+    X = torch.randn(8, 3)
+    nn.DataParallel(model, device_ids=[0, 1])(X).sum().backward()
+    dp.DataParallel(ours_model, device_ids=[0, 1])(X).sum().backward()
+    for p, q in zip(ours_model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert torch.count_nonzero(ours_model.spare.weight.grad) == 0
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_batchnorm_replicas_normalise_their_own_chunk(count):
+    torch.manual_seed(0)
+    devices = simulated_devices(count)
+    model = dp.to_device(ConvNet(width=4, batch_norm=True), devices[0])
+    X = torch.randn(10, 1, 8, 8)
+    chunks = X.chunk(count)
+    alone = copy.deepcopy(model)  # each chunk through the model on its own
+    expected = torch.cat([copy.deepcopy(alone)(chunk) for chunk in chunks])
+    whole = copy.deepcopy(model)(X)  # the whole batch on one device
+    out = dp.DataParallel(model, devices)(X)
+    torch.testing.assert_close(out, expected)
+    assert not torch.allclose(out, whole, atol=1e-3)
+    # only replica 0's running statistics survive: those of the first chunk
+    first = copy.deepcopy(alone)
+    first(chunks[0])
+    for name, buf in model.named_buffers():
+        torch.testing.assert_close(buf, dict(first.named_buffers())[name], msg=name)
+    # in eval mode the running statistics are used: the same as one device
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(dp.DataParallel(model, devices)(X), model(X))
+
+
+def test_wrapping_the_optimizer_adds_nothing():
+    devices = simulated_devices(2)
+    model = dp.to_device(nn.Linear(3, 2), devices[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    parallel = dp.DataParallel(model, devices)
+    assert list(parallel.parameters()) == list(model.parameters())
+    held = optimizer.param_groups[0]["params"]
+    assert all(p is q for p, q in zip(held, model.parameters(), strict=True))
+    assert list(dp.replicate(model, devices)[1].parameters()) == []
+    wrapped = dp.DataParallel(optimizer, devices)  # accepted: it only stores it
+    assert wrapped.module is optimizer
+    with pytest.raises(AttributeError, match="'DataParallel' object has no attribute"):
+        wrapped.step()
+
+
+@pytest.mark.gpu(2)
+def test_torch_dataparallel_wraps_an_optimizer_as_uselessly():
+    optimizer = torch.optim.SGD(nn.Linear(3, 2).cuda(0).parameters(), lr=0.1)
+    wrapped = nn.DataParallel(optimizer, device_ids=[0, 1])
+    assert wrapped.module is optimizer
+    with pytest.raises(AttributeError, match="'DataParallel' object has no attribute"):
+        wrapped.step()
+
+
+def test_weights_load_after_wrapping_and_only_the_device_matters():
+    torch.manual_seed(0)
+    devices = simulated_devices(2)
+    trained = ConvNet(width=4)
+    X = torch.randn(6, 1, 8, 8)
+    for how in ("module", "prefix"):
+        model = dp.to_device(ConvNet(width=4), devices[0])
+        parallel = dp.DataParallel(model, devices)  # wrapped first
+        if how == "module":
+            parallel.module.load_state_dict(trained.state_dict())
+        else:
+            prefixed = {f"module.{k}": v for k, v in trained.state_dict().items()}
+            parallel.load_state_dict(prefixed)
+        assert {dp.device_of(p).name for p in model.parameters()} == {"gpu:0"}
+        torch.testing.assert_close(parallel(X), trained(X))
+    parallel.module.classifier = nn.Linear(32, 10)  # a new layer, on the CPU
+    with pytest.raises(RuntimeError, match=r"on device gpu:0 \(device_ids\[0\]\)"):
+        parallel(X)
+    dp.to_device(parallel.module, devices[0])
+    assert parallel(X).shape == (6, 10)

@@ -72,3 +72,15 @@ def test_flat_gradients_is_the_gradient_of_the_loss_only():
     weight_grad = 2 * (model(x).detach().T @ x)  # (2, 3)
     bias_grad = 2 * model(x).detach().sum(0)  # (2,)
     torch.testing.assert_close(grad, torch.cat([weight_grad.flatten(), bias_grad]))
+
+
+def test_batch_norm_couples_the_rows_of_a_batch_in_training_only():
+    torch.manual_seed(0)
+    x = torch.randn(6, 1, 8, 8)
+    for batch_norm, coupled in ((False, False), (True, True)):
+        model = ConvNet(batch_norm=batch_norm)
+        first_rows = model(x)[:3]  # the same three rows, in a batch of 6 ...
+        alone = model(x[:3])  # ... and on their own
+        assert torch.allclose(first_rows, alone, atol=1e-6) is not coupled
+    model.eval()  # running statistics instead of the batch's: rows independent
+    torch.testing.assert_close(model(x)[:3], model(x[:3]))

@@ -2,6 +2,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
+
 from multigpu.plots import plot_history  # noqa: E402
 from multigpu.train import History  # noqa: E402
 
@@ -28,6 +30,15 @@ def test_several_runs_are_labelled():
     assert len(fig.axes[1].lines) == 0
 
 
+def _bars(ax):
+    """(category, bar index) -> the bar's patch."""
+    return {
+        (container.get_label(), round(patch.get_x() + patch.get_width() / 2)): patch
+        for container in ax.containers
+        for patch in container
+    }
+
+
 def test_memory_bars_stack_each_devices_bytes():
     from multigpu.plots import plot_memory
 
@@ -37,19 +48,45 @@ def test_memory_bars_stack_each_devices_bytes():
         "gpu:1": {"parameters": 2 * mib},
     }
     fig = plot_memory(ledger)
-    ax = fig.axes[0]
-    bars = {
-        (label, round(patch.get_x() + patch.get_width() / 2)): patch
-        for container in ax.containers
-        for label in [container.get_label()]
-        for patch in container
-    }
+    ax, extra = fig.axes
+    bars = _bars(ax)
     assert bars[("parameters", 0)].get_height() == 2.0  # MiB
     assert bars[("gathered", 0)].get_y() == 2.0  # stacked on top of the weights
     assert bars[("gathered", 1)].get_height() == 0.0  # nothing gathered on gpu:1
-    assert "MiB" in ax.get_ylabel()
-    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert ax.get_ylabel() == "MiB"
+    # the second panel: what each device holds beyond the device with least
+    extra_bars = _bars(extra)
+    assert set(extra_bars) == {("gathered", 0), ("gathered", 1)}  # same weights
+    assert extra_bars[("gathered", 0)].get_height() == 1.0
+    legend = [text.get_text() for text in extra.get_legend().get_texts()]
     assert legend == ["gathered", "parameters"]  # top of the stack first
+    plt.close(fig)
+
+
+def test_memory_extra_panel_has_its_own_scale_and_the_peaks():
+    from multigpu.plots import plot_memory
+
+    kib, mib = 2**10, 2**20
+    ledger = {  # a small extra on gpu:0 next to a large common part
+        "gpu:0": {"activations": 8 * mib + 40 * kib, "gradients": 6 * kib},
+        "gpu:1": {"activations": 8 * mib, "gradients": 0},
+        "gpu:2": {"activations": 8 * mib, "gradients": 0},
+    }
+    peak = {"gpu:0": 9 * mib + 10 * kib, "gpu:1": 9 * mib, "gpu:2": 9 * mib}
+    ax, extra = plot_memory(ledger, peak=peak).axes
+    assert ax.get_ylabel() == "MiB" and extra.get_ylabel() == "KiB"
+    extra_bars = _bars(extra)
+    assert extra_bars[("activations", 0)].get_height() == 40.0
+    assert extra_bars[("gradients", 0)].get_y() == 40.0
+    assert extra_bars[("activations", 1)].get_height() == 0.0
+    # the measured peaks, as black lines: in MiB, then beyond the smallest, in KiB
+    [marks] = ax.collections
+    assert [round(y, 4) for y in marks.get_offsets()[:, 1]] == [9.0098, 9.0, 9.0]
+    [extra_marks] = extra.collections
+    assert list(extra_marks.get_offsets()[:, 1]) == [10.0, 0.0, 0.0]
+    legend = [text.get_text() for text in extra.get_legend().get_texts()]
+    assert legend == ["gradients", "activations", "measured peak"]
+    plt.close("all")
 
 
 def test_timeline_has_one_lane_per_device_and_bars_where_events_are():

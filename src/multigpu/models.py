@@ -1,8 +1,9 @@
 """Models: the small ConvNet used throughout, and a torchvision ResNet for GPU runs.
 
-Taught in ``notebooks/01_single_device_baseline.ipynb``. Two small wrappers serve
-the DataParallel pitfalls: ``TemperatureNet`` takes a keyword argument next to its
-input (04) and ``LossNet`` returns its loss from ``forward`` (05).
+Taught in ``notebooks/01_single_device_baseline.ipynb``. ``ConvNet(batch_norm=True)``
+shows BatchNorm under DataParallel (05). Two small wrappers serve the DataParallel
+pitfalls: ``TemperatureNet`` takes a keyword argument next to its input (04) and
+``LossNet`` returns its loss from ``forward`` (05).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ class ConvNet(nn.Module):
     """Two 3x3 conv layers, adaptive pooling and a linear classifier.
 
     Works for any image size (8x8 digits, 28x28 MNIST, 32x32 CIFAR-10):
-    (batch, in_channels, H, W) -> (batch, num_classes) logits.
+    (batch, in_channels, H, W) -> (batch, num_classes) logits. With
+    ``batch_norm=True`` each conv is followed by a BatchNorm (and has no bias), so
+    in training mode every row's output depends on the whole batch (05).
     """
 
     def __init__(

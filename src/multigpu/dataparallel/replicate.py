@@ -8,13 +8,27 @@ copy of every submodule (PyTorch's ``Module._replicate_for_data_parallel``) whos
 weights are plain attributes, not parameters: differentiable copies of the
 original's, so ``backward`` sums each replica's gradients into the original
 parameters. On the device that already holds a weight, the copy is a view sharing
-its storage (no memory is copied), as PyTorch's ``Broadcast`` does on its source
-device. ``replica_weights(network, replica)`` lists a replica's copies.
+its storage (no memory is copied), as PyTorch's broadcast does on its source device.
+``replica_weights(network, replica)`` lists a replica's copies.
+
+The copies come from one autograd function per device, ``_Broadcast``: all of a
+replica's weights in one node, as PyTorch's ``Broadcast`` (in
+``torch/nn/parallel/_functions.py``) makes all replicas' weights in one node whose
+backward, ``ReduceAddCoalesced``, sums them. Autograd hands such a function zeros
+for the outputs that got no gradient (``ctx.set_materialize_grads``, on by
+default), so a parameter the forward never uses gets a ``.grad`` of zeros, not
+``None``, as under ``nn.DataParallel`` on two or more GPUs; notebook 02 shows why
+that matters to SGD with momentum or weight decay. A weight with
+``requires_grad=False`` gets no gradient, and with one device DataParallel calls
+the module itself, so an unused parameter keeps ``None`` there, as in PyTorch.
+(Here autograd adds the devices' gradients into ``.grad`` one node at a time; the
+same sum as PyTorch's, in another order.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,39 +39,59 @@ from .placement import DeviceSpec, check_devices, device_of, move, place
 __all__ = ["replica_weights", "replicate"]
 
 
-def _copy_weights(
-    tensors: list[torch.Tensor], device: Device, detach: bool
-) -> list[torch.Tensor]:
-    """``tensors`` on ``device``: differentiable copies unless ``detach``; on the
-    device that already holds a tensor, a view sharing its storage."""
-    copies = []
-    for tensor in tensors:
-        source = device_of(tensor)
-        if detach:
-            copy = tensor.detach()
-            if source.name != device.name:
-                copy = move(copy, source, device)
-        elif source.name == device.name:
-            copy = tensor.view_as(tensor)  # shares storage, grads flow back
-        else:
-            copy = move(tensor, source, device)
-        copies.append(place(copy, device))
-    return copies
+def _copy(tensor: torch.Tensor, source: Device, device: Device) -> torch.Tensor:
+    """``tensor`` (living on ``source``) on ``device``; on ``source`` itself a view
+    sharing its storage."""
+    if source.name == device.name:
+        copy = tensor.view_as(tensor)
+    else:
+        copy = move(tensor, source, device)
+    return place(copy, device)
 
 
-def _replicate_one(network: nn.Module, device: Device, detach: bool) -> nn.Module:
-    """One replica of ``network`` on ``device``."""
-    params = list(network.parameters())
-    buffers = list(network.buffers())
-    differentiable = [b for b in buffers if b.requires_grad and not detach]
-    plain = [b for b in buffers if not (b.requires_grad and not detach)]
-    copy_of: dict[torch.Tensor, torch.Tensor] = {}  # original -> copy (by identity)
-    copy_of.update(zip(params, _copy_weights(params, device, detach), strict=True))
-    copy_of.update(
-        zip(differentiable, _copy_weights(differentiable, device, detach), strict=True)
-    )
-    copy_of.update(zip(plain, _copy_weights(plain, device, True), strict=True))
+class _Broadcast(torch.autograd.Function):
+    """Every tensor to one device; backward sends each copy's gradient back to its
+    tensor's device, zeros for a copy the forward left unused."""
 
+    @staticmethod
+    def forward(ctx: Any, device: Device, *tensors: torch.Tensor) -> Any:
+        ctx.sources = [device_of(t) for t in tensors]
+        copies = [_copy(t, s, device) for t, s in zip(tensors, ctx.sources)]
+        needs = ctx.needs_input_grad[1:]
+        ctx.mark_non_differentiable(*(c for c, n in zip(copies, needs) if not n))
+        return tuple(copies)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        needs = ctx.needs_input_grad[1:]
+        return (
+            None,
+            *(
+                grad.to(source.torch_device) if need else None
+                for grad, source, need in zip(grads, ctx.sources, needs)
+            ),
+        )
+
+
+def _broadcast(
+    tensors: list[torch.Tensor], devices: list[Device], detach: bool
+) -> list[list[torch.Tensor]]:
+    """Per device, a copy of each of ``tensors``: differentiable unless ``detach``."""
+    if not tensors:
+        return [[] for _ in devices]
+    sources = [device_of(t) for t in tensors]  # before detach() forgets them
+    if detach:
+        return [
+            [_copy(t.detach(), s, device) for t, s in zip(tensors, sources)]
+            for device in devices
+        ]
+    return [list(_Broadcast.apply(device, *tensors)) for device in devices]
+
+
+def _build_replica(
+    network: nn.Module, copy_of: dict[torch.Tensor, torch.Tensor]
+) -> nn.Module:
+    """A replica of ``network`` whose weights are ``copy_of[original]``."""
     modules = list(network.modules())
     # The hook PyTorch calls: a shallow copy without parameters of its own
     # (subclasses such as RNNs override it).
@@ -90,9 +124,21 @@ def replicate(
     parameters unless ``detach`` (02)."""
     if not devices:
         return []
+    targets = check_devices(devices, "replicate")
+    params = list(network.parameters())
+    buffers = list(network.buffers())
+    differentiable = [b for b in buffers if b.requires_grad and not detach]
+    plain = [b for b in buffers if not (b.requires_grad and not detach)]
+    per_device = zip(
+        _broadcast(params, targets, detach),
+        _broadcast(differentiable, targets, detach),
+        _broadcast(plain, targets, True),
+        strict=True,
+    )
+    originals = [*params, *differentiable, *plain]
     return [
-        _replicate_one(network, device, detach)
-        for device in check_devices(devices, "replicate")
+        _build_replica(network, dict(zip(originals, [*p, *d, *b], strict=True)))
+        for p, d, b in per_device
     ]
 
 

@@ -42,8 +42,50 @@ def test_alpha_beta_time():
     naive = costmodel.alpha_beta_time("naive", 1e6, 4, alpha, bandwidth)
     assert ring == pytest.approx(6 * alpha + 1.5e6 / bandwidth)
     assert naive == pytest.approx(6 * (alpha + 1e6 / bandwidth))
-    with pytest.raises(ValueError, match="Unknown algorithm 'tree'"):
-        costmodel.alpha_beta_time("tree", 1e6, 4, alpha, bandwidth)
+    with pytest.raises(ValueError, match="Unknown algorithm 'bcube'"):
+        costmodel.alpha_beta_time("bcube", 1e6, 4, alpha, bandwidth)
+
+
+def test_tree_time_on_examples():
+    alpha, bandwidth = 1e-5, 1e9
+    # 8 ranks: 3 rounds up, 3 down, each a whole tensor.
+    tree = costmodel.alpha_beta_time("tree", 1e6, 8, alpha, bandwidth)
+    assert tree == pytest.approx(6 * (alpha + 1e6 / bandwidth))
+    # 5 ranks need ceil(log2 5) = 3 rounds each way, like 8; one rank needs none.
+    assert costmodel.alpha_beta_time("tree", 1e6, 5, alpha, bandwidth) == tree
+    assert costmodel.alpha_beta_time("tree", 1e6, 1, alpha, bandwidth) == 0
+
+
+def binomial_reduce_rounds(world_size):
+    # Round k: every rank still holding a partial sum whose bit k is set sends it
+    # to rank - 2**k, which adds it. Count rounds until rank 0 holds every rank.
+    holds = {rank: {rank} for rank in range(world_size)}
+    rounds = 0
+    while len(holds[0]) < world_size:
+        step = 2**rounds
+        for sender in [r for r in holds if r & step]:
+            holds[sender - step] |= holds.pop(sender)
+        rounds += 1
+    return rounds
+
+
+@pytest.mark.parametrize("world_size", range(1, 18))
+def test_tree_steps_count_the_rounds_of_a_binomial_reduce_and_broadcast(world_size):
+    rounds = binomial_reduce_rounds(world_size)
+    assert costmodel.tree_steps(world_size) == 2 * rounds  # the broadcast mirrors it
+    assert 2 ** (rounds - 1) < world_size <= 2**rounds  # rounds = ceil(log2 n)
+
+
+def test_tree_beats_the_ring_on_small_tensors_only_from_four_ranks():
+    alpha, bandwidth = 5e-6, 100e9
+
+    def faster(nbytes, world_size):
+        tree = costmodel.alpha_beta_time("tree", nbytes, world_size, alpha, bandwidth)
+        ring = costmodel.alpha_beta_time("ring", nbytes, world_size, alpha, bandwidth)
+        return "tree" if tree < ring else "ring"
+
+    assert [faster(4e3, n) for n in (2, 3, 4, 16)] == ["ring", "ring", "tree", "tree"]
+    assert [faster(100e6, n) for n in (2, 4, 16)] == ["ring"] * 3
 
 
 def test_bus_bandwidth():

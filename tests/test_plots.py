@@ -155,6 +155,26 @@ def test_plot_ring_draws_one_panel_per_step_with_the_sent_chunks_boxed():
     plt.close(figure)
 
 
+def test_plot_ring_fits_a_notebook_with_one_phase_per_row():
+    import matplotlib.pyplot as plt
+
+    from multigpu.plots import plot_ring
+
+    figure = plot_ring(4)
+    width, height = figure.get_size_inches()
+    assert width <= 9.5 and height <= 5  # a notebook shows about 9 inches at 100 dpi
+    rows = {}
+    for axis in figure.axes:  # panels of one phase share a row, top to bottom
+        rows.setdefault(round(axis.get_position().y0, 2), []).append(axis.get_title())
+    top, bottom = (rows[y] for y in sorted(rows, reverse=True))
+    assert top == [f"reduce-scatter step {s}" for s in (1, 2, 3)]
+    assert bottom == [f"all-gather step {s}" for s in (1, 2, 3)] + ["done"]
+    assert "rank 3 sends to rank 0" in figure.texts[0].get_text()  # the key
+    smallest = min(t.get_fontsize() for axis in figure.axes for t in axis.texts)
+    assert smallest >= 9
+    plt.close(figure)
+
+
 def test_a_recorded_one_device_step_draws_one_lane_and_one_bar():
     import matplotlib.pyplot as plt
     import torch

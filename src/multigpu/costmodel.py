@@ -16,6 +16,14 @@ For a tensor of S bytes all-reduced on n ranks:
   Ring: 2(n-1) steps of S/n bytes, t ≈ 2(n-1)·α + 2(n-1)/n·S/B.
   Naive: rank 0 handles 2(n-1) whole tensors one after another,
   t ≈ 2(n-1)·(α + S/B).
+  Tree: a binomial-tree reduce to rank 0, then a binomial-tree broadcast from it,
+  each ⌈log2 n⌉ rounds in which a rank sends or receives at most one whole tensor:
+  t ≈ 2⌈log2 n⌉·(α + S/B). From 4 ranks on that is fewer steps than the ring
+  (latency 2·log2(n)·α instead of 2(n-1)·α), but every step carries S instead of
+  S/n: the tree wins on small tensors, the ring on large ones. (NCCL's trees
+  also cut the tensor into pieces that stream through the tree one after another,
+  so that a large tensor no longer pays ⌈log2 n⌉ times S/B; this unpipelined tree
+  is the simplest one.)
 - Bandwidth, as nccl-tests report it
   (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
   algbw = S/t; for all-reduce busbw = algbw·2(n-1)/n, the number to compare with a
@@ -53,17 +61,26 @@ def ring_bytes_theory(nbytes: float, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * nbytes
 
 
+def tree_steps(world_size: int) -> int:
+    """Messages on the critical path of a binomial-tree reduce then broadcast:
+    2⌈log2 n⌉ (07)."""
+    return 2 * (world_size - 1).bit_length()  # (n-1).bit_length() = ⌈log2 n⌉
+
+
 def alpha_beta_time(
     algorithm: str, nbytes: float, world_size: int, alpha: float, bandwidth: float
 ) -> float:
-    """Seconds the α-β model predicts for "ring" or "naive" all-reduce of ``nbytes``
-    with ``alpha`` seconds per message and ``bandwidth`` bytes/s per link (07, 12)."""
+    """Seconds the α-β model predicts for a "ring", "naive" or "tree" all-reduce of
+    ``nbytes`` with ``alpha`` seconds per message and ``bandwidth`` bytes/s per link;
+    the formulas and the tree are in the module's docstring (07, 12)."""
     steps = 2 * (world_size - 1)
     if algorithm == "ring":
         return steps * alpha + ring_bytes_theory(nbytes, world_size) / bandwidth
     if algorithm == "naive":
         return steps * (alpha + nbytes / bandwidth)
-    raise ValueError(f"Unknown algorithm {algorithm!r}. Use 'ring' or 'naive'.")
+    if algorithm == "tree":
+        return tree_steps(world_size) * (alpha + nbytes / bandwidth)
+    raise ValueError(f"Unknown algorithm {algorithm!r}. Use 'ring', 'naive' or 'tree'.")
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:

@@ -65,3 +65,56 @@ def test_the_faulty_objects_fail_where_they_should():
     data = pickle.dumps(workers.RefusesToUnpickle())  # pickling works ...
     with pytest.raises(ValueError, match="cannot be rebuilt outside the rank"):
         pickle.loads(data)  # ... unpickling does not
+
+
+def test_check_all_reduce_tells_a_ring_from_a_wrong_sum_and_from_other_traffic():
+    from multigpu import collectives
+
+    ring = spawn(workers.check_all_reduce, 3, collectives.ring_all_reduce)
+    assert ring[0] == ring[1] == ring[2]  # every rank returns the verdict of all
+    assert [row["case"] for row in ring[0]] == [
+        "(1000,) float32",
+        "(3,) float32",
+        "(4, 5) float64",
+        "(13,) int64",
+    ]
+    assert all(row["sum"] and row["ring bytes"] for row in ring[0])
+    # Right sums, but rank 0 sends (n-1)·S: not a ring.
+    naive = spawn(workers.check_all_reduce, 3, collectives.naive_all_reduce)[0]
+    assert [(row["sum"], row["ring bytes"]) for row in naive] == [(True, False)] * 4
+    # Zeros instead of the sum, and a tensor instead of a byte count.
+    first_case = workers.CHECK_CASES[:1]
+    wrong = spawn(workers.check_all_reduce, 3, torch.Tensor.zero_, first_case)[0]
+    assert [(row["sum"], row["ring bytes"]) for row in wrong] == [(False, False)]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        workers.step_all_reducing_each_gradient,
+        workers.step_without_all_reduce,
+        workers.step_summing_without_dividing,
+        workers.step_returning_the_ranks_summed_loss,
+    ],
+    ids=lambda step: step.__name__,
+)
+def test_the_training_steps_are_sgd_steps_in_one_process(step):
+    # Their mistakes are in what the ranks exchange, so with distributed=False each
+    # takes sgd_step's step (check_step's tests show each mistake on ranks).
+    from multigpu.allreduce_sgd import sgd_step
+    from multigpu.models import ConvNet
+    from multigpu.train import TrainConfig
+
+    torch.manual_seed(0)
+    X, y = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))
+    results = []
+    for run in (sgd_step, step):
+        torch.manual_seed(1)
+        model = ConvNet(in_channels=1, num_classes=3, width=4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = [run(model, optimizer, X, y, TrainConfig()) for _ in range(2)]
+        results.append((losses, model.state_dict()))
+    (expected_losses, expected), (losses, weights) = results
+    assert losses == expected_losses
+    for name, tensor in expected.items():
+        assert torch.equal(weights[name], tensor), name

@@ -27,6 +27,10 @@ averaged gradients equal the global-batch gradient and k steps on ``world_size``
 processes equal k steps of :func:`train_single_process`. The last ``N % G`` samples
 of each epoch's order are not used (``drop_last``), which keeps every batch full.
 
+A caller can replace :func:`sgd_step` by a step of its own with the same signature
+(``step=`` of :func:`train_data_parallel`), and :func:`check_step` compares its
+training with the reference: the exercise where the learner writes the step.
+
 PyTorch's counterparts: ``DistributedSampler``, which deals indices with the same
 stride, in https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py
 and ``dist.all_reduce`` in
@@ -36,7 +40,9 @@ https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.
 from __future__ import annotations
 
 import copy
+import importlib
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -45,8 +51,15 @@ from torch import nn
 from . import collectives
 from .checks import check_positive_int
 from .data import epoch_order
-from .launch import DEFAULT_DEADLINE_S, spawn
+from .launch import DEFAULT_DEADLINE_S, WorkerNotImportableError, spawn
 from .train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
+
+# A training step: step(model, optimizer, X, y, config, distributed) -> this rank's
+# mean loss, like sgd_step below.
+Step = Callable[
+    [nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor, TrainConfig, bool],
+    float,
+]
 
 
 def per_rank_batch_size(global_batch: int, world_size: int) -> int:
@@ -211,8 +224,9 @@ def _train(
     rank: int = 0,
     world_size: int = 1,
     distributed: bool = False,
+    step: Step = sgd_step,
 ) -> History:
-    """The loop shared by the single process and every rank."""
+    """The loop shared by the single process and every rank; ``step`` does each step."""
     device = _rank_device() if distributed else torch.device("cpu")
     model = copy.deepcopy(model).to(device)  # never change the caller's weights
     model.train()
@@ -234,10 +248,8 @@ def _train(
         start = time.perf_counter()
         first = epoch * steps_per_epoch
         for indices in batches[first : first + steps_per_epoch]:  # (batch_size / R,)
-            loss = sgd_step(
-                model, optimizer, X[indices], y[indices], config, distributed
-            )
-            history.step_loss.append(loss)
+            loss = step(model, optimizer, X[indices], y[indices], config, distributed)
+            history.step_loss.append(float(loss))
         epoch_losses = history.step_loss[first:]  # equal batches: a plain mean
         history.train_loss.append(sum(epoch_losses) / len(epoch_losses))
         history.seconds.append(time.perf_counter() - start)
@@ -270,10 +282,11 @@ def train_worker(
     X: torch.Tensor,
     y: torch.Tensor,
     configs: dict[str, TrainConfig],
+    step: Step = sgd_step,
 ) -> dict[str, History]:
     """What each process runs: one training run per named config, in order (08)."""
     return {
-        name: _train(model, X, y, config, rank, world_size, distributed=True)
+        name: _train(model, X, y, config, rank, world_size, True, step)
         for name, config in configs.items()
     }
 
@@ -287,6 +300,7 @@ def compare_data_parallel(
     timeout: float | None = 30.0,
     backend: str = "gloo",
     deadline: float | None = DEFAULT_DEADLINE_S,
+    step: Step = sgd_step,
 ) -> dict[str, list[History]]:
     """Several runs in one launch of ``world_size`` processes: {name: results by rank}.
 
@@ -295,10 +309,12 @@ def compare_data_parallel(
     keeps every rank on the CPU, where the single-process reference runs too;
     ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank). ``timeout`` bounds each
     collective and ``deadline`` the whole launch, in seconds (see
-    :func:`multigpu.launch.spawn`).
+    :func:`multigpu.launch.spawn`). ``step`` does each training step on every rank:
+    :func:`sgd_step`, or a function with its signature from an importable module.
     """
     for config in configs.values():  # fail here, before any process starts
         per_rank_batch_size(config.batch_size, world_size)
+    _check_step_importable(step)
     per_rank = spawn(
         train_worker,
         world_size,
@@ -306,6 +322,7 @@ def compare_data_parallel(
         X,
         y,
         configs,
+        step,
         backend=backend,
         timeout=timeout,
         deadline=deadline,
@@ -322,15 +339,17 @@ def train_data_parallel(
     timeout: float | None = 30.0,
     backend: str = "gloo",
     deadline: float | None = DEFAULT_DEADLINE_S,
+    step: Step = sgd_step,
 ) -> list[History]:
     """Train on ``world_size`` processes; one History per rank, by rank (08).
 
     X (N, ...) and y (N,) are the whole training set; every rank starts from a copy
     of ``model`` (which is not changed) and trains on its own shard of each batch.
-    ``timeout``, ``backend`` and ``deadline``: as in :func:`compare_data_parallel`.
+    ``timeout``, ``backend``, ``deadline`` and ``step``: as in
+    :func:`compare_data_parallel`.
     """
     runs = compare_data_parallel(
-        model, X, y, {"run": config}, world_size, timeout, backend, deadline
+        model, X, y, {"run": config}, world_size, timeout, backend, deadline, step
     )
     return runs["run"]
 
@@ -378,3 +397,114 @@ def compare_with_reference(
         abs(a - b) for a, b in zip(losses, reference.step_loss, strict=True)
     )
     return identical, weights, loss_difference
+
+
+def _check_step_importable(step: Step) -> None:
+    """Raise unless new processes can import ``step`` by its module and name."""
+    fix = (
+        "Write it into a module file in a folder on sys.path (in a notebook, with "
+        "%%writefile), import it from there and pass the imported function."
+    )
+    if not callable(step):
+        raise TypeError(
+            f"step must be a function like sgd_step, got {type(step).__name__}. {fix}"
+        )
+    module = getattr(step, "__module__", None)
+    name = getattr(step, "__qualname__", None) or repr(step)
+    if module in (None, "__main__", "__mp_main__") or "<" in name:
+        raise WorkerNotImportableError(
+            f"The step {name!r} is defined in a notebook or script, or inside a "
+            f"function, so the ranks cannot import it. {fix}"
+        )
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        found = None
+    if found is not step:
+        raise WorkerNotImportableError(
+            f"The step {name!r} cannot be found as {module}.{name}, so the ranks "
+            f"cannot import it (after editing its file, import it again). {fix}"
+        )
+
+
+def _max_loss_difference(a: History, b: History) -> float:
+    return max(abs(x - y) for x, y in zip(a.step_loss, b.step_loss, strict=True))
+
+
+def check_step(
+    step: Step,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    world_size: int = 2,
+    tolerance: float | None = None,
+) -> tuple[bool, str]:
+    """Does ``step`` train exactly like :func:`sgd_step`? (passed, what to fix) (08).
+
+    Trains with ``step`` in this process (``distributed=False``), then on
+    ``world_size`` ranks (``distributed=True``), and compares each run with
+    :func:`train_single_process` on the same ``config``: the final weights and the
+    loss of every step must agree within ``tolerance``. By default that is 1e-9 for
+    a float64 model, whose rounding differences stay near 1e-15, and 1e-3 otherwise
+    (float32 rounding grows to about 1e-4 over dozens of steps). ``step`` has
+    sgd_step's signature and lives in an importable module, like a worker.
+    """
+    _check_step_importable(step)
+    if tolerance is None:
+        float64 = next(model.parameters()).dtype == torch.float64
+        tolerance = 1e-9 if float64 else 1e-3
+    reference = train_single_process(model, X, y, config)
+    try:
+        alone = _train(model, X, y, config, step=step)
+    except (RuntimeError, ValueError) as error:
+        if "process group" not in str(error):
+            raise
+        raise RuntimeError(
+            "Your step called torch.distributed in one process (distributed=False), "
+            "where there is no process group. All-reduce only when distributed is "
+            "True."
+        ) from error
+    if max_parameter_difference(alone.parameters, cpu_state_dict(model)) == 0:
+        return False, (
+            "FAIL: your step never changed the weights. After the forward pass, "
+            "call loss.backward(), then optimizer.step()."
+        )
+    weights = max_parameter_difference(alone.parameters, reference.parameters)
+    if weights > tolerance:
+        return False, (
+            f"FAIL: in one process (distributed=False) your step ends {weights:.1e} "
+            "away from sgd_step's weights. Clear the gradients "
+            "(optimizer.zero_grad()), take the mean cross-entropy of model(X) "
+            "against y, call loss.backward(), then optimizer.step()."
+        )
+    if _max_loss_difference(alone, reference) > tolerance:
+        return False, (
+            "FAIL: in one process your step trains like sgd_step, but the loss it "
+            "returns is not the mean loss over its batch. Return loss.item()."
+        )
+    results = train_data_parallel(model, X, y, config, world_size, step=step)
+    identical, weights, losses = compare_with_reference(results, reference)
+    if not identical:
+        return False, (
+            f"FAIL: the {world_size} ranks ended with different weights: each "
+            "stepped with its own gradient. When distributed, all-reduce every "
+            "gradient (a sum over the ranks) between backward() and step()."
+        )
+    if weights > tolerance:
+        return False, (
+            "FAIL: the ranks agree with each other, but end "
+            f"{weights:.1e} away from one process on the global batch. Divide the "
+            "summed gradients by the world size, once."
+        )
+    if losses > tolerance:
+        return False, (
+            "FAIL: the weights match one process, but on the ranks your step "
+            "returns another loss: return the rank's own mean loss, loss.item()."
+        )
+    within = f"{tolerance:.0e}".replace("e-0", "e-")  # 1e-9, not 1e-09
+    return True, (
+        f"PASS: in one process and on {world_size} ranks your step trains like "
+        f"sgd_step: the same weights, and the same loss at each of the "
+        f"{len(reference.step_loss)} steps (within {within})."
+    )

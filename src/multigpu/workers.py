@@ -21,13 +21,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from .collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
-from .costmodel import bus_bandwidth
+from .costmodel import bus_bandwidth, ring_bytes_per_rank
 
 # ----------------------------------------------------------------------------------
 # Ranks and processes: what launch.spawn does when all goes well, and when not
@@ -236,6 +236,56 @@ def compare_all_reduces(
     return rows
 
 
+# What check_all_reduce tries: many elements, fewer elements than ranks, 2-D, integers.
+CHECK_CASES = (
+    ((1000,), torch.float32),
+    ((3,), torch.float32),
+    ((4, 5), torch.float64),
+    ((13,), torch.int64),
+)
+
+
+def check_all_reduce(
+    rank: int,
+    world_size: int,
+    all_reduce: Callable[[torch.Tensor], object],
+    cases: Sequence[tuple[tuple[int, ...], torch.dtype]] = CHECK_CASES,
+) -> list[dict]:
+    """Check an all-reduce written by the learner, e.g. ``my_ring.ring_all_reduce``
+    from a module the notebook wrote, against ``dist.all_reduce`` (07).
+
+    For each (shape, dtype), every rank runs ``all_reduce`` on its ``rank_tensor``
+    (in place, like ``dist.all_reduce``) and the row says whether every rank then
+    holds the sum (floats to rounding, integers exactly) and whether every rank
+    returned the bytes a ring sends (``costmodel.ring_bytes_per_rank``). Every rank
+    returns the same rows."""
+    rows = []
+    for shape, dtype in cases:
+        tensor = rank_tensor(rank, shape, dtype).to(_device())
+        expected = tensor.clone()
+        dist.all_reduce(expected)
+        sent = all_reduce(tensor)
+        same = tensor.shape == expected.shape and tensor.dtype == expected.dtype
+        if same and dtype.is_floating_point:
+            same = torch.allclose(tensor, expected)
+        elif same:
+            same = torch.equal(tensor, expected)
+        ring = ring_bytes_per_rank(
+            tensor.numel(), tensor.element_size(), world_size, rank
+        )
+        ring_bytes = isinstance(sent, int) and sent == ring
+        verdict = torch.tensor([int(same), int(ring_bytes)], device=_device())
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # 1 only if 1 on every rank
+        rows.append(
+            {
+                "case": f"{tuple(shape)} {str(dtype).removeprefix('torch.')}",
+                "sum": bool(verdict[0]),
+                "ring bytes": bool(verdict[1]),
+            }
+        )
+    return rows
+
+
 def transposed_all_reduce(rank: int, world_size: int) -> dict:
     """The hand-written all-reduces of a non-contiguous (transposed) tensor, and
     ``dist.all_reduce``'s sum as "expected" (tests of collectives)."""
@@ -304,6 +354,80 @@ def time_all_reduces(
                 }
             )
     return rows
+
+
+# ----------------------------------------------------------------------------------
+# Training steps for allreduce_sgd.check_step: one written by hand as notebook 08's
+# exercise asks, and mistakes it must name. Each has sgd_step's signature; ``config``
+# (a TrainConfig) is not used. (tests of allreduce_sgd)
+
+
+def step_all_reducing_each_gradient(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Correct: one ``dist.all_reduce`` per gradient, then divide by the world size."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(X), y)  # mean over this batch
+    loss.backward()
+    if distributed:
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)  # the sum over the ranks
+            parameter.grad /= dist.get_world_size()
+    optimizer.step()
+    return loss.item()
+
+
+def step_without_all_reduce(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: every rank steps with its own gradient, so the ranks drift apart."""
+    return step_all_reducing_each_gradient(model, optimizer, X, y, config)
+
+
+def step_summing_without_dividing(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: the gradients are summed over the ranks but never divided."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(X), y)
+    loss.backward()
+    if distributed:
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)
+    optimizer.step()
+    return loss.item()
+
+
+def step_returning_the_ranks_summed_loss(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: trains correctly, but returns the loss summed over the ranks."""
+    loss = step_all_reducing_each_gradient(model, optimizer, X, y, config, distributed)
+    if not distributed:
+        return loss
+    total = torch.tensor([loss])
+    dist.all_reduce(total)
+    return total.item()
 
 
 # ----------------------------------------------------------------------------------

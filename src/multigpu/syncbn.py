@@ -1,0 +1,147 @@
+"""Synchronized BatchNorm written with all-reduces, for CPUs and gloo (09b).
+
+``torch.nn.SyncBatchNorm`` normalises each channel with the mean and variance of the
+*global* batch, summed over all ranks, but its kernels are GPU-only: on CPU tensors
+it raises "SyncBatchNorm expected input tensor to be on GPU ...". This module is the
+same idea in a few lines that run anywhere. Per channel each rank computes the sum
+of its values, the sum of their squares and their count; one all-reduce adds them
+over the ranks; then
+
+    mean = sum / count,    var = sum_of_squares / count - mean²   (biased)
+
+normalise with them, and keep the running statistics as BatchNorm does (with the
+unbiased variance). The all-reduce is differentiable (its backward all-reduces the
+gradient), so each rank's backward also gets the other ranks' share of the
+gradient through the statistics, as in PyTorch's
+https://github.com/pytorch/pytorch/blob/main/torch/nn/modules/_functions.py.
+With it, N ranks train exactly like one process with plain BatchNorm on the global
+batch. Taught in ``notebooks/09b_ddp_in_practice.ipynb``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class SumOverRanks(torch.autograd.Function):
+    """``all_reduce(SUM)`` as an autograd function: forward sums the tensor over the
+    ranks, backward sums the incoming gradient over the ranks (09b)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        total = grad.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+
+class ReferenceSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm over the global batch of all ranks, for any input (B, C, ...) (09b).
+
+    In eval mode, or without a process group of more than one rank, it is plain
+    BatchNorm. Same parameters, buffers and state_dict keys as ``nn.BatchNorm2d``.
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(
+                f"expected at least 2D input (batch, channels, ...), got "
+                f"{input.dim()}D. Pass a batch of shape (B, C) or (B, C, H, W)."
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        if not (self.training and distributed):
+            return super().forward(x)
+        channels = x.shape[1]
+        dims = [0, *range(2, x.dim())]  # every dimension but the channels
+        count = x.new_tensor([x.numel() / channels])
+        local = torch.cat([x.sum(dims), (x * x).sum(dims), count])  # (2C + 1,)
+        total = SumOverRanks.apply(local)  # one all-reduce for all three
+        n = total[-1]
+        mean = total[:channels] / n
+        var = total[channels : 2 * channels] / n - mean * mean  # biased
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                momentum = (
+                    1.0 / self.num_batches_tracked.item()
+                    if self.momentum is None
+                    else self.momentum
+                )
+                unbiased = var * n / (n - 1)
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)
+        shape = (1, channels) + (1,) * (x.dim() - 2)
+        out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        return out
+
+
+def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with every BatchNorm replaced by a
+    :class:`ReferenceSyncBatchNorm` holding the same weights and statistics, like
+    ``nn.SyncBatchNorm.convert_sync_batchnorm`` (09b)."""
+    module = copy.deepcopy(module)
+    return _convert(module)
+
+
+def _convert(module: nn.Module) -> nn.Module:
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+        module, ReferenceSyncBatchNorm
+    ):
+        synced = ReferenceSyncBatchNorm(
+            module.num_features,
+            module.eps,
+            module.momentum,
+            module.affine,
+            module.track_running_stats,
+        )
+        state = module.state_dict()
+        floats = [t for t in state.values() if t.is_floating_point()]
+        if floats:
+            synced.to(floats[0])  # the same device and dtype as the original
+        synced.load_state_dict(state)
+        synced.train(module.training)
+        return synced
+    for name, child in module.named_children():
+        module.add_module(name, _convert(child))
+    return module
+
+
+def forward_backward(
+    rank: int, world_size: int, x: torch.Tensor, layer: nn.Module
+) -> dict[str, torch.Tensor]:
+    """Rank r takes its slice of the global batch ``x`` (B, C, ...), runs ``layer``
+    (a BatchNorm) in training mode and backward of the sum of squared outputs
+    of the whole batch; returns its output, its input gradient, the layer's weight
+    gradient summed over the ranks and its running statistics (09b, tests).
+
+    Under nccl the tensors go to this rank's GPU (for ``nn.SyncBatchNorm``)."""
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    layer = copy.deepcopy(layer).to(device).train()
+    chunk = x.chunk(world_size)[rank].to(device).requires_grad_(True)
+    out = layer(chunk)
+    (out * out).sum().backward()
+    weight_grad = layer.weight.grad.clone()
+    dist.all_reduce(weight_grad)
+    return {
+        "out": out.detach().cpu(),
+        "grad": chunk.grad.cpu(),
+        "weight grad": weight_grad.cpu(),
+        "running_mean": layer.running_mean.cpu(),
+        "running_var": layer.running_var.cpu(),
+    }

@@ -1,5 +1,5 @@
-"""Figures: learning curves (01), per-device memory and timelines (02-06), the ring
-all-reduce step by step (07).
+"""Figures: learning curves (01), DataParallel's data flow (02), per-device memory
+and timelines (03, 06), the ring all-reduce step by step (07).
 
 Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
 """

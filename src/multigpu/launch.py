@@ -31,7 +31,8 @@ deadline=300.0) -> list``
   start method "forkserver"; "spawn" where that does not exist, or when
   ``launch.START_METHOD = "spawn"``), which makes a launch take a fraction of a
   second instead of one torch import per rank. They get the caller's current
-  environment variables and ``sys.path``.
+  environment variables and ``sys.path``, plus what a laptop needs and the caller
+  has not set (:func:`_laptop_environment`: ``GLOO_SOCKET_IFNAME=lo0`` on macOS).
 - ``worker`` must be a top-level function of an importable module; a worker defined
   in a notebook or in ``__main__`` is refused with :class:`WorkerNotImportableError`
   before any process starts.
@@ -95,10 +96,12 @@ deadline=300.0) -> list``
 -> subprocess.CompletedProcess[str]``
 
 - Runs ``python -m torch.distributed.run --standalone --nproc-per-node=N -m module
-  args...`` with ``OMP_NUM_THREADS=threads`` and returns its captured, decoded
-  stdout and stderr. ``check=True`` raises :class:`TorchrunError` (with the output)
-  on a non-zero exit; a run longer than ``timeout`` seconds is killed, with every
-  process it started, and raises :class:`TorchrunError` too.
+  args...`` with ``OMP_NUM_THREADS=threads`` (and, unless the caller set them,
+  ``GLOO_SOCKET_IFNAME=lo0`` on macOS and ``USE_LIBUV=0`` on Windows:
+  :func:`_laptop_environment`) and returns its captured, decoded stdout and stderr.
+  ``check=True`` raises :class:`TorchrunError` (with the output) on a non-zero exit;
+  a run longer than ``timeout`` seconds is killed, with every process it started,
+  and raises :class:`TorchrunError` too.
 
 This module imports torch lazily, so that with "spawn" a child sets its thread limits
 before torch loads.
@@ -120,7 +123,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -508,6 +511,30 @@ def _check_arguments(world_size: int, timeout: float | None, threads: int) -> No
         raise ValueError(f"threads must be a positive int, got {threads!r}.")
 
 
+def _laptop_environment(
+    env: Mapping[str, str], platform: str, torchrun: bool = False
+) -> dict[str, str]:
+    """A copy of ``env`` with what laptops need for ranks on this machine, where
+    the user has not set it (a value already in ``env`` is never changed):
+
+    - macOS (``platform == "darwin"``): ``GLOO_SOCKET_IFNAME=lo0``. gloo otherwise
+      looks up the machine's host name, which often fails on a laptop; every rank of
+      :func:`spawn` and of ``torchrun --standalone`` is on 127.0.0.1, so the loopback
+      interface is right.
+    - Windows (``"win32"``), for torchrun only (``torchrun=True``): ``USE_LIBUV=0``,
+      because PyTorch's Windows builds lack libuv and torchrun otherwise stops with
+      "use_libuv was requested but PyTorch was built without libuv support".
+
+    ``platform`` is a value of ``sys.platform``; any other platform gets ``env``
+    unchanged."""
+    env = dict(env)
+    if platform == "darwin":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo0")
+    if torchrun and platform == "win32":
+        env.setdefault("USE_LIBUV", "0")
+    return env
+
+
 def _resolve_backend(backend: str, world_size: int) -> str:
     from .devices import choose_backend, cuda_device_count
 
@@ -581,6 +608,7 @@ def spawn(
         timeout=_as_timedelta(timeout),
     )
     context = _context()
+    environment = _laptop_environment(os.environ, sys.platform)
     # Only this process ever holds the lifeline's write end: when it closes, because
     # spawn is done or because this process died, every rank ends (_watch_lifeline).
     lifeline_reader, lifeline_writer = context.Pipe(duplex=False)
@@ -594,7 +622,7 @@ def spawn(
             process = context.Process(
                 target=_run_rank,
                 args=(rank, world_size, store.port, backend, timeout, threads)
-                + (payload, writer, dict(os.environ), lifeline_reader, stderr_writer),
+                + (payload, writer, environment, lifeline_reader, stderr_writer),
                 name=f"multigpu-rank-{rank}",
             )
             readers.append(reader)
@@ -1052,7 +1080,8 @@ def run_torchrun(
         module,
         *map(str, args),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = _laptop_environment(os.environ, sys.platform, torchrun=True)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -56,10 +56,11 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from .allreduce_sgd import per_rank_batch_size
+from .allreduce_sgd import train_worker as allreduce_sgd_worker
 from .checkpoint import load_checkpoint, save_checkpoint, unwrap
 from .checks import check_choice, check_positive_int
 from .devices import choose_backend
-from .launch import DEFAULT_DEADLINE_S, spawn
+from .launch import DEFAULT_DEADLINE_S, TorchrunError, run_torchrun, spawn
 from .train import BAR_FORMAT, History, TrainConfig, cpu_state_dict
 
 COMMAND = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2"
@@ -533,9 +534,7 @@ def compare_worker(
     options: Mapping[str, Any],
 ) -> dict[str, History]:
     """DDP and 08's hand-written all-reduce SGD on the same ranks, same data (09)."""
-    from .allreduce_sgd import train_worker as hand_written
-
-    by_hand = hand_written(rank, world_size, model, X, y, {"08": config})["08"]
+    by_hand = allreduce_sgd_worker(rank, world_size, model, X, y, {"08": config})["08"]
     ddp = train(model, X, y, config, progress=False, log=None, **options)
     return {"ddp": ddp, "allreduce_sgd": by_hand}
 
@@ -808,40 +807,14 @@ def torchrun_on_port(
     common walk-throughs launch (a fixed port, no ``--standalone``), and return what
     it printed, stdout and stderr. When another program holds ``port`` it fails
     with ``EADDRINUSE``; the run is stopped after ``timeout`` seconds (09b).
-    ``launch.run_torchrun`` always uses ``--standalone``, a free port."""
-    import signal
-    import subprocess
-
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc_per_node}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={port}",
-        "-m",
-        module,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,  # torchrun and its workers: one process group
-    )
+    ``launch.run_torchrun`` uses ``--standalone``, a free port, unless told a port."""
     try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        output = f"(stopped after {timeout} s)"
-    finally:
-        if hasattr(os, "killpg"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.kill()
-        process.wait()
-    return output
+        result = run_torchrun(
+            module, nproc_per_node, timeout=timeout, check=False, master_port=port
+        )
+    except TorchrunError:
+        return f"(stopped after {timeout} s)"
+    return result.stdout + result.stderr
 
 
 def eaddrinuse_lines(output: str) -> list[str]:

@@ -1066,15 +1066,25 @@ def run_torchrun(
     timeout: float = 120.0,
     threads: int = 1,
     check: bool = True,
+    master_port: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``torchrun --standalone --nproc-per-node=N -m module args`` as a
-    subprocess; return its stdout and stderr as text (09-11)."""
+    subprocess; return its stdout and stderr as text (09-11).
+
+    ``master_port=P`` replaces ``--standalone`` (a free port) with the fixed
+    ``--master-addr=127.0.0.1 --master-port=P`` of the common walk-throughs, which
+    fails when another program holds P (09b shows it).
+    """
     _check_arguments(nproc_per_node, timeout, threads)
+    if master_port is None:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = ["--master-addr=127.0.0.1", f"--master-port={master_port}"]
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *rendezvous,
         f"--nproc-per-node={nproc_per_node}",
         "-m",
         module,

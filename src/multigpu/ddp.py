@@ -725,7 +725,12 @@ def uneven_inputs(
     """Rank r trains on r + 1 batches of 4 samples. Without ``Join`` the ranks with
     fewer batches leave while the others wait in a gradient all-reduce that never
     completes; with ``torch.distributed.algorithms.Join`` the finished ranks shadow
-    the others' all-reduces. Returns the batches this rank trained on (09b)."""
+    the others' all-reduces. Returns the batches this rank trained on (09b).
+
+    Without ``Join``, a rank that has run out spends a second on end-of-epoch work
+    (a stand-in for an evaluation) before its barrier, so the rank stuck in the
+    all-reduce is the first to reach the timeout and the error names it; without
+    that head start, which rank times out first is a race of milliseconds."""
     from torch.distributed.algorithms import Join
 
     ddp_model = wrap(copy.deepcopy(model))
@@ -738,6 +743,8 @@ def uneven_inputs(
             optimizer.zero_grad()
             nn.functional.cross_entropy(ddp_model(xb), yb).backward()
             optimizer.step()
+    if not join and steps < world_size:
+        time.sleep(1.0)  # end-of-epoch work: the stuck rank times out first
     dist.barrier()  # the end of an epoch: e.g. before rank 0 saves a checkpoint
     return steps
 

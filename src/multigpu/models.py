@@ -67,6 +67,22 @@ def resnet(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     return model
 
 
+def mlp(
+    in_features: int = 64, width: int = 256, depth: int = 6, num_classes: int = 10
+) -> nn.Sequential:
+    """``depth`` hidden layers of ``width`` units with ReLU: layers of equal size, so
+    backward spends about the same time on each, and a bucket of gradients can
+    travel while the layers below are still computing (10).
+    (batch, in_features) -> (batch, num_classes)."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    size = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(size, width), nn.ReLU()]
+        size = width
+    layers.append(nn.Linear(size, num_classes))
+    return nn.Sequential(*layers)
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable scalars in ``model`` (01)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

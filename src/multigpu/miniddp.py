@@ -56,7 +56,7 @@ from torch import nn
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce_sgd import batch_indices
+from .allreduce_sgd import batch_indices, max_parameter_difference
 from .checks import check_choice, check_number
 from .train import History, TrainConfig, cpu_state_dict
 
@@ -429,9 +429,14 @@ class BucketedDDP(MiniDDP):
             self._rebuild_pending = False
 
 
-def wrap(model: nn.Module, strategy: str = "bucketed", **options: Any) -> nn.Module:
+def wrap(
+    model: nn.Module, strategy: str | type = "bucketed", **options: Any
+) -> nn.Module:
     """``model`` wrapped by one step of the ladder, or by PyTorch's DDP
-    (``strategy="torch"``); ``options`` go to the wrapper (10)."""
+    (``strategy="torch"``), or by a wrapper class of your own; ``options`` go to
+    the wrapper (10)."""
+    if isinstance(strategy, type):
+        return strategy(model, **options)
     check_choice("strategy", strategy, STRATEGIES)
     if strategy == "torch":
         return DDP(model, **options)
@@ -480,7 +485,7 @@ def train(
     X: torch.Tensor,
     y: torch.Tensor,
     config: TrainConfig,
-    strategy: str = "bucketed",
+    strategy: str | type = "bucketed",
     options: dict | None = None,
     accumulation: int = 1,
     fp16_compress: bool = False,
@@ -716,3 +721,90 @@ def step_time_worker(
         }
         for label in models
     }
+
+
+def _probe_worker(
+    rank: int,
+    world_size: int,
+    wrapper: type,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+) -> dict[str, Any]:
+    """One backward through ``wrapper`` watching when its buckets' all-reduces were
+    started, then a training run with it (check_wrapper)."""
+
+    class Probe(wrapper):
+        def gradient_ready(self, param: nn.Parameter) -> None:
+            super().gradient_ready(param)
+            self.started.append(sum(b.work is not None for b in self.buckets))
+
+    probe = Probe(copy.deepcopy(model), bucket_cap_mb=0.002)
+    probe.started = []
+    nn.functional.cross_entropy(probe(X[:4]), y[:4]).backward()
+    history = train(rank, world_size, model, X, y, config, wrapper)
+    return {"started": probe.started, "buckets": len(probe.buckets), "run": history}
+
+
+def check_wrapper(
+    wrapper: type,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    world_size: int = 2,
+) -> tuple[bool, str]:
+    """Does ``wrapper``, a subclass of :class:`BucketedDDP` with its own
+    ``gradient_ready`` and ``synchronize``, train like one process on the global
+    batch, and start each bucket's all-reduce during backward? (passed, what to
+    fix) (10). ``wrapper`` must live in a module the ranks can import (a
+    ``%%module`` cell)."""
+    from .allreduce_sgd import train_single_process
+    from .launch import spawn
+
+    if not (isinstance(wrapper, type) and issubclass(wrapper, BucketedDDP)):
+        raise TypeError(
+            f"check_wrapper needs a subclass of BucketedDDP, got {wrapper!r}. Write "
+            "`class MyDDP(BucketedDDP):` in a %%module cell and import it."
+        )
+    if wrapper.__module__ in ("__main__", "__mp_main__"):
+        raise TypeError(
+            f"{wrapper.__name__} is defined in the notebook, so the ranks cannot "
+            "import it. Write it in a %%module cell and import it from there."
+        )
+    reference = train_single_process(model, X, y, config)
+    results = spawn(
+        _probe_worker, world_size, wrapper, model, X, y, config, timeout=60.0
+    )
+    first = results[0]
+    if any(
+        max_parameter_difference(r["run"].parameters, first["run"].parameters) > 0
+        for r in results[1:]
+    ):
+        return False, (
+            f"FAIL: the {world_size} ranks ended with different weights: their "
+            "gradients were not averaged. In gradient_ready, copy each gradient into "
+            "its bucket; once the bucket is full, all-reduce it; in synchronize, "
+            "copy the buckets back into .grad."
+        )
+    distance = max_parameter_difference(first["run"].parameters, reference.parameters)
+    if distance > 1e-9:
+        return False, (
+            f"FAIL: the ranks agree, but end {distance:.1e} away from one process on "
+            "the global batch: divide by the world size exactly once (the "
+            "all-reduce sums)."
+        )
+    started = first["started"]
+    if first["buckets"] > 1 and (len(started) < 2 or started[-2] == 0):
+        return False, (
+            "FAIL: the weights are right, but no all-reduce had started before "
+            "backward computed its last gradient, so nothing overlapped. Start a "
+            "bucket's all-reduce in gradient_ready as soon as its last gradient is "
+            "in, with async_op=True, and keep the Work in bucket.work."
+        )
+    return True, (
+        f"PASS: {wrapper.__name__} trains like one process on the global batch on "
+        f"{world_size} ranks, and sent {started[-2]} of {first['buckets']} buckets "
+        "before backward ended."
+    )

@@ -18,6 +18,23 @@ rank sent, to be put next to the formulas of :mod:`multigpu.costmodel`.
   tuned for speed (notebook 07 introduces it as an optimisation; the benchmark
   uses it).
 
+The ring's two halves are collectives of their own, which sharded training (ZeRO,
+FSDP; notebook 13, :mod:`multigpu.zero`) uses on their own:
+
+- :func:`reduce_scatter`: like ``dist.reduce_scatter_single(output, input)``, rank
+  r ends with the sum over the ranks of chunk r of ``input``;
+- :func:`all_gather`: like ``dist.all_gather_single(output, input)``, every rank
+  ends with all the ranks' chunks, in rank order.
+
+(torch 2.14 deprecates the older names of these two, ``reduce_scatter_tensor`` and
+``all_gather_into_tensor``.)
+
+Unlike PyTorch's, both accept chunks of unequal sizes, cut as
+``tensor.tensor_split(world_size)`` cuts (:func:`ring_chunk_sizes`), so a buffer
+whose length the world size does not divide needs no padding.
+:func:`reduce_scatter_bytes_per_rank` and :func:`all_gather_bytes_per_rank` give the
+bytes each sends: (n-1)/n·S, half of a ring all-reduce.
+
 The PyTorch functions these are built from, and the ``all_reduce`` they are compared
 with, are in
 https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py.
@@ -202,6 +219,95 @@ ALL_REDUCES: dict[str, Callable[[torch.Tensor], int | None]] = {
     "ring pipelined": ring_all_reduce_pipelined,
     "dist.all_reduce": library_all_reduce,
 }
+
+
+# ----------------------------------------------------------------------------------
+# The ring's two halves on their own: reduce-scatter and all-gather (13)
+
+
+def _check_chunk(output_or_input: str, chunk: torch.Tensor, full: torch.Tensor) -> None:
+    """Raise unless ``chunk`` has this rank's size of a ``full`` cut into chunks."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    expected = ring_chunk_sizes(full.numel(), world_size)[rank]
+    if chunk.numel() != expected or chunk.dtype != full.dtype:
+        raise ValueError(
+            f"The {output_or_input} of rank {rank} has {chunk.numel()} elements of "
+            f"{chunk.dtype}, but its chunk of {full.numel()} elements of "
+            f"{full.dtype} over {world_size} ranks has {expected} of {full.dtype}. "
+            "Pass a chunk of the size ring_chunk_sizes(numel, world_size)[rank] "
+            "and of the full tensor's dtype."
+        )
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor) -> int:
+    """Sum ``input`` (any shape, S bytes) over the ranks and keep only this rank's
+    chunk of the sum in ``output`` (chunk ``rank`` of ``input.tensor_split(n)``);
+    return the bytes sent, about (n-1)/n·S (13).
+
+    The first half of :func:`ring_all_reduce`, with the schedule shifted by one so
+    that rank r ends with chunk r (the ring all-reduce leaves chunk r+1 on rank r).
+    ``input`` is not changed.
+    """
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    _check_chunk("output", output, input)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    chunks = input.contiguous().view(-1).clone().tensor_split(world_size)  # ours
+    buffer = torch.empty_like(chunks[0])  # (numel/n,): chunk 0 is the largest
+    sent = 0
+    for step in range(world_size - 1):
+        # Send the partial sum of chunk rank-1-step to the right, add the one of
+        # chunk rank-2-step from the left; after n-1 steps chunk `rank` is complete.
+        outgoing = chunks[(rank - 1 - step) % world_size]
+        ours = chunks[(rank - 2 - step) % world_size]
+        received = buffer[: ours.numel()]
+        sent += send_and_receive(outgoing, right, received, left)
+        ours.add_(received)
+    output.copy_(chunks[rank].view_as(output))
+    return sent
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor) -> int:
+    """Collect every rank's ``input`` into ``output``, in rank order: chunk r of
+    ``output.tensor_split(n)`` comes from rank r; return the bytes sent, about
+    (n-1)/n·S for an ``output`` of S bytes (13).
+
+    The second half of :func:`ring_all_reduce`: each chunk travels once around the
+    ring. ``input`` may be a view of this rank's chunk of ``output`` itself.
+    """
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    _check_chunk("input", input, output)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    flat = output.contiguous().view(-1)  # (numel,): a copy if not contiguous
+    chunks = flat.tensor_split(world_size)
+    chunks[rank].copy_(input.reshape(-1))
+    sent = 0
+    for step in range(world_size - 1):
+        # Pass on the chunk that arrived last (our own first), receive the next.
+        outgoing = chunks[(rank - step) % world_size]
+        incoming = chunks[(rank - 1 - step) % world_size]
+        sent += send_and_receive(outgoing, right, incoming, left)
+    if flat.data_ptr() != output.data_ptr():
+        output.copy_(flat.view_as(output))
+    return sent
+
+
+def reduce_scatter_bytes_per_rank(
+    numel: int, element_size: int, world_size: int, rank: int
+) -> int:
+    """Exact bytes ``rank`` sends in :func:`reduce_scatter` of ``numel`` elements:
+    every chunk once except its own, (n-1)/n·S when n divides ``numel`` (13)."""
+    sizes = ring_chunk_sizes(numel, world_size)
+    return (numel - sizes[rank]) * element_size
+
+
+def all_gather_bytes_per_rank(
+    numel: int, element_size: int, world_size: int, rank: int
+) -> int:
+    """Exact bytes ``rank`` sends in :func:`all_gather` into ``numel`` elements:
+    every chunk once except the one of its right neighbour, the last to arrive
+    (13)."""
+    sizes = ring_chunk_sizes(numel, world_size)
+    return (numel - sizes[(rank + 1) % world_size]) * element_size
 
 
 # ----------------------------------------------------------------------------------

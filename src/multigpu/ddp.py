@@ -2,12 +2,20 @@
 
 Taught in ``notebooks/09_ddp_torchrun.ipynb`` (the script, the sampler, evaluation)
 and ``notebooks/09b_ddp_in_practice.ipynb`` (checkpoints, accumulation, SyncBatchNorm,
-uneven data, ports, AMP). Run as a module under torchrun, every rank trains ConvNet
+uneven data, ports, AMP); ``notebooks/11_fault_tolerance.ipynb`` runs it with
+snapshots, restarts and injected faults (``--snapshot``, ``multigpu.snapshot``).
+Run as a module under torchrun, every rank trains ConvNet
 on the offline digits data and rank 0 prints one line per epoch::
 
     torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2
 
-(``--help`` lists the options.) Started with plain ``python`` it stops with an error
+(``--help`` lists the options.) With snapshots every 5 steps, torchrun restarting
+the ranks up to 3 times, and rank 1 killing itself before step 13 (11)::
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 -m multigpu.ddp \
+        --snapshot DIR --kill-rank 1 --kill-at-step 13
+
+Started with plain ``python`` it stops with an error
 that says to use torchrun. The same parts run from a notebook through
 :func:`multigpu.launch.spawn` (:func:`train_ddp`) and
 :func:`multigpu.launch.run_torchrun` (the script itself).
@@ -95,6 +103,19 @@ def read_rank_env(environ: Mapping[str, str] | None = None) -> RankEnv:
             f"variables. Run it as: {COMMAND}"
         )
     return RankEnv(*(int(environ[name]) for name in ENV_NAMES))
+
+
+TABLE_NAMES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+
+
+def rank_table() -> list[dict[str, str]]:
+    """What torchrun told each rank (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``: the
+    node's number, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``), gathered from every rank
+    and sorted by rank; a collective (11)."""
+    mine = {name: os.environ.get(name, "-") for name in TABLE_NAMES}
+    rows: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, mine)
+    return sorted(rows, key=lambda row: int(row["RANK"]))
 
 
 def setup(backend: str = "auto") -> tuple[RankEnv, torch.device]:
@@ -580,7 +601,95 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=True
     )
-    return parser.parse_args(argv)
+    # Notebook 11: snapshots, restarts and injected faults (multigpu.snapshot).
+    parser.add_argument(
+        "--snapshot",
+        default=None,
+        metavar="DIR",
+        help="folder for snapshots: rank 0 writes DIR/snapshot.pt every "
+        "--snapshot-every steps, and every rank resumes from it at start",
+    )
+    parser.add_argument("--snapshot-every", type=int, default=5, metavar="K")
+    parser.add_argument(
+        "--kill-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="fault injection: rank R kills itself with SIGKILL, once",
+    )
+    parser.add_argument(
+        "--kill-at-step", type=int, default=None, metavar="S", help="... before step S"
+    )
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep after every step, to leave time to kill a rank from outside",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on the first N training digits only",
+    )
+    parser.add_argument(
+        "--show-ranks",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="rank 0 prints what torchrun told every rank (RANK, LOCAL_RANK, ...)",
+    )
+    parser.add_argument(
+        "--float64",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="model and data in float64",
+    )
+    args = parser.parse_args(argv)
+    _check_snapshot_args(parser, args)
+    return args
+
+
+def _check_snapshot_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> None:
+    """Refuse option combinations the snapshot loop does not handle (11)."""
+    if (args.kill_rank is None) != (args.kill_at_step is None):
+        parser.error(
+            "--kill-rank and --kill-at-step go together: pass both (which rank "
+            "dies, before which step) or neither."
+        )
+    if args.kill_rank is not None and args.snapshot is None:
+        parser.error(
+            "--kill-rank needs --snapshot DIR: the folder records that the fault "
+            "fired, so that it fires once. Add --snapshot DIR."
+        )
+    if args.snapshot is not None:
+        unsupported = [
+            name
+            for name, used in (
+                ("--checkpoint", args.checkpoint is not None),
+                ("--resume", args.resume),
+                ("--accumulation", args.accumulation != 1),
+                ("--amp", args.amp),
+                ("--lr-scaling linear", args.lr_scaling != "none"),
+            )
+            if used
+        ]
+        if unsupported:
+            parser.error(
+                f"--snapshot does not combine with {', '.join(unsupported)}: the "
+                "snapshot loop (multigpu.snapshot) keeps to plain SGD with momentum. "
+                "Leave these options out, or leave out --snapshot."
+            )
+        if args.snapshot_every < 1:
+            parser.error(
+                f"--snapshot-every must be 1 or more, got {args.snapshot_every}. "
+                "Pass the number of steps between snapshots, e.g. 5."
+            )
+    if args.samples is not None and args.samples < 1:
+        parser.error(f"--samples must be 1 or more, got {args.samples}.")
 
 
 def build_model(sync_bn: bool, device: torch.device) -> nn.Module:
@@ -622,6 +731,10 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(args.sync_bn, device)
         X, y = tensors(get_dataset("digits", train=True))
         X_test, y_test = tensors(get_dataset("digits", train=False))
+        if args.samples is not None:
+            X, y = X[: args.samples], y[: args.samples]
+        if args.float64:
+            model, X, X_test = model.double(), X.double(), X_test.double()
         if env.rank == 0:
             per_rank = per_rank_batch_size(config.batch_size, env.world_size)
             lr = scaled_lr(config.lr, env.world_size, args.lr_scaling)
@@ -630,21 +743,47 @@ def main(argv: list[str] | None = None) -> int:
                 f"{config.batch_size} = {env.world_size} x {per_rank}, lr {lr:g}",
                 flush=True,
             )
-        history = train(
-            model,
-            X,
-            y,
-            config,
-            X_test=X_test,
-            y_test=y_test,
-            accumulation=args.accumulation,
-            lr_scaling=args.lr_scaling,
-            amp=args.amp,
-            checkpoint=args.checkpoint,
-            resume_from_checkpoint=args.resume,
-            progress=args.progress,
-            log=lambda line: print(line, flush=True),
-        )
+        if args.show_ranks:  # notebook 11: who is who on several nodes
+            table = rank_table()
+            if env.rank == 0:
+                print(" | ".join(TABLE_NAMES), flush=True)
+                for row in table:
+                    print(" | ".join(row[name] for name in TABLE_NAMES), flush=True)
+        if args.snapshot is not None:  # notebook 11: snapshots and restarts
+            from .snapshot import Fault, train_with_snapshots
+
+            fault = None
+            if args.kill_rank is not None:
+                fault = Fault(args.kill_rank, args.kill_at_step)
+            history = train_with_snapshots(
+                model,
+                X,
+                y,
+                config,
+                args.snapshot,
+                args.snapshot_every,
+                X_test=X_test,
+                y_test=y_test,
+                fault=fault,
+                step_delay=args.step_delay,
+                log=lambda line: print(line, flush=True),
+            )
+        else:
+            history = train(
+                model,
+                X,
+                y,
+                config,
+                X_test=X_test,
+                y_test=y_test,
+                accumulation=args.accumulation,
+                lr_scaling=args.lr_scaling,
+                amp=args.amp,
+                checkpoint=args.checkpoint,
+                resume_from_checkpoint=args.resume,
+                progress=args.progress,
+                log=lambda line: print(line, flush=True),
+            )
         weights = torch.cat([t.flatten().double() for t in history.parameters.values()])
         same = torch.stack([weights.sum(), weights.abs().sum()])
         gathered = [torch.zeros_like(same) for _ in range(env.world_size)]

@@ -100,8 +100,13 @@ deadline=300.0) -> list``
   ``GLOO_SOCKET_IFNAME=lo0`` on macOS and ``USE_LIBUV=0`` on Windows:
   :func:`_laptop_environment`) and returns its captured, decoded stdout and stderr.
   ``check=True`` raises :class:`TorchrunError` (with the output) on a non-zero exit;
-  a run longer than ``timeout`` seconds is killed, with every process it started,
-  and raises :class:`TorchrunError` too.
+  a run longer than ``timeout`` seconds is stopped, with every process it started,
+  and raises :class:`TorchrunError` too. ``options`` (e.g. ``["--max-restarts=3"]``),
+  ``rendezvous`` (options that replace ``--standalone``) and ``env`` (more
+  environment variables) serve notebook 11.
+- :func:`start_torchrun` starts the same command without waiting (its output to a
+  file), and :func:`stop_torchrun` ends it: SIGTERM first, on which torchrun stops
+  the workers it started in sessions of their own, then SIGKILL to its group.
 
 This module imports torch lazily, so that with "spawn" a child sets its thread limits
 before torch loads.
@@ -123,7 +128,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -1067,43 +1072,34 @@ def run_torchrun(
     threads: int = 1,
     check: bool = True,
     master_port: int | None = None,
+    options: Sequence[str] = (),
+    rendezvous: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``torchrun --standalone --nproc-per-node=N -m module args`` as a
     subprocess; return its stdout and stderr as text (09-11).
 
     ``master_port=P`` replaces ``--standalone`` (a free port) with the fixed
     ``--master-addr=127.0.0.1 --master-port=P`` of the common walk-throughs, which
-    fails when another program holds P (09b shows it).
+    fails when another program holds P (09b shows it). ``options`` go to torchrun
+    (``["--max-restarts=3"]``), ``rendezvous`` replaces ``--standalone`` with other
+    rendezvous options, and ``env`` adds environment variables (11).
     """
     _check_arguments(nproc_per_node, timeout, threads)
-    if master_port is None:
-        rendezvous = ["--standalone"]
-    else:
-        rendezvous = ["--master-addr=127.0.0.1", f"--master-port={master_port}"]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *rendezvous,
-        f"--nproc-per-node={nproc_per_node}",
-        "-m",
+    process = start_torchrun(
         module,
-        *map(str, args),
-    ]
-    env = _laptop_environment(os.environ, sys.platform, torchrun=True)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        nproc_per_node,
+        *args,
+        threads=threads,
+        master_port=master_port,
+        options=options,
+        rendezvous=rendezvous,
         env=env,
-        start_new_session=True,  # one process group: torchrun and all its workers
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
+        stop_torchrun(process)
         stdout, stderr = process.communicate()
         raise TorchrunError(
             f"torchrun -m {module} did not finish within {timeout} s and was "
@@ -1111,11 +1107,10 @@ def run_torchrun(
             stdout + stderr,
         ) from None
     finally:
-        _kill_group(process.pid)  # workers that outlived torchrun
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        stop_torchrun(process)  # workers that outlived torchrun
+    result = subprocess.CompletedProcess(
+        process.args, process.returncode, stdout, stderr
+    )
     if check and result.returncode != 0:
         tail = "\n".join((stdout + stderr).strip().splitlines()[-20:])
         raise TorchrunError(
@@ -1124,6 +1119,79 @@ def run_torchrun(
             stdout + stderr,
         )
     return result
+
+
+def start_torchrun(
+    module: str,
+    nproc_per_node: int,
+    *args: Any,
+    threads: int = 1,
+    master_port: int | None = None,
+    options: Sequence[str] = (),
+    rendezvous: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    output: Any = subprocess.PIPE,
+) -> subprocess.Popen:
+    """Start torchrun as :func:`run_torchrun` does, without waiting for it (11).
+
+    It leads a new session, so :func:`stop_torchrun` can end it with everything it
+    started. ``output``: where its stdout and stderr go (``subprocess.PIPE``, the
+    default, or an open file, which takes both). Stop it with :func:`stop_torchrun`
+    in a ``finally``.
+    """
+    _check_arguments(nproc_per_node, None, threads)
+    if rendezvous is not None:
+        rendezvous = [str(option) for option in rendezvous]
+    elif master_port is None:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = ["--master-addr=127.0.0.1", f"--master-port={master_port}"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        *map(str, options),
+        f"--nproc-per-node={nproc_per_node}",
+        "-m",
+        module,
+        *map(str, args),
+    ]
+    environment = _laptop_environment(os.environ, sys.platform, torchrun=True)
+    environment.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    environment.update(env or {})
+    to_file = output is not subprocess.PIPE
+    return subprocess.Popen(
+        command,
+        stdout=output,
+        stderr=subprocess.STDOUT if to_file else subprocess.PIPE,
+        text=True,
+        env=environment,
+        start_new_session=True,  # torchrun leads its own process group
+    )
+
+
+def stop_torchrun(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a torchrun and every worker it started, and reap it (11).
+
+    torchrun starts each worker in a session of its own, so killing torchrun's
+    process group does not reach them, and a SIGKILLed torchrun leaves them
+    running. So torchrun first gets SIGTERM, on which it stops its workers (SIGTERM,
+    then SIGKILL) and exits; only if it is still running after ``grace`` seconds is
+    its group killed.
+    """
+    if process.poll() is None:
+        try:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            pass
+    _kill_group(process.pid)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def _kill_group(pid: int) -> None:

@@ -6,6 +6,8 @@ Each world size starts its ranks once and runs every training check in that laun
 models and data are float64, so "equal" means equal to ~1e-15.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -199,7 +201,7 @@ def test_hidden_fraction_counts_communication_before_the_last_gradient():
 
 def test_fp16_compression_hook_is_close_but_not_equal(problem):
     model, X, y = problem
-    model, X = model.float(), X.float()
+    model, X = copy.deepcopy(model).float(), X.float()  # .float() would change the shared fixture
     calls = [
         (miniddp.train, (model, X, y, CONFIG, "torch", None, 1, compress))
         for compress in (False, True)

@@ -201,7 +201,8 @@ def test_hidden_fraction_counts_communication_before_the_last_gradient():
 
 def test_fp16_compression_hook_is_close_but_not_equal(problem):
     model, X, y = problem
-    model, X = copy.deepcopy(model).float(), X.float()  # .float() would change the shared fixture
+    # .float() converts in place: a copy, or the shared fixture changes for later tests
+    model, X = copy.deepcopy(model).float(), X.float()
     calls = [
         (miniddp.train, (model, X, y, CONFIG, "torch", None, 1, compress))
         for compress in (False, True)

@@ -1,5 +1,7 @@
 """Tests for multigpu.costmodel: bytes per rank, α-β time and bus bandwidth."""
 
+import math
+
 import pytest
 
 from multigpu import costmodel
@@ -108,4 +110,136 @@ def test_a_ring_without_latency_runs_at_the_link_bandwidth(world_size):
     expected = bandwidth / (1 + world_size * alpha * bandwidth / nbytes)
     assert costmodel.bus_bandwidth(nbytes, seconds, world_size) == pytest.approx(
         expected
+    )
+
+
+# ----------------------------------------------------------------------------------
+# The step-time model of notebook 12
+
+FREE = costmodel.Link("free", math.inf, 0.0)
+SLOW = costmodel.Link("slow", 1e9, 1e-4)
+WORK = costmodel.Workload("toy", parameters=10_000_000, compute=0.1, batch=32)
+
+
+def _rows(alpha, bandwidth, noise=0.0):
+    rows = []
+    for i, (world_size, nbytes) in enumerate(
+        (n, s) for n in (2, 4) for s in (4096, 65536, 1 << 20, 4 << 20)
+    ):
+        exact = costmodel.alpha_beta_time("ring", nbytes, world_size, alpha, bandwidth)
+        wobble = noise * (1 if i % 2 else -1)  # deterministic ±noise
+        rows.append(
+            {"bytes": nbytes, "world_size": world_size, "seconds": exact * (1 + wobble)}
+        )
+    return rows
+
+
+@pytest.mark.parametrize("alpha, bandwidth", [(5e-5, 2e9), (1e-6, 1e11), (3e-4, 5e8)])
+def test_fit_recovers_alpha_and_bandwidth_from_synthetic_times(alpha, bandwidth):
+    fitted_alpha, fitted_bandwidth = costmodel.fit_alpha_beta(_rows(alpha, bandwidth))
+    assert fitted_alpha == pytest.approx(alpha, rel=1e-9)
+    assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-9)
+    # 2 % noise moves the fit by a few per cent, not by orders of magnitude
+    noisy_alpha, noisy_bandwidth = costmodel.fit_alpha_beta(
+        _rows(alpha, bandwidth, 0.02)
+    )
+    assert noisy_alpha == pytest.approx(alpha, rel=0.2)
+    assert noisy_bandwidth == pytest.approx(bandwidth, rel=0.1)
+
+
+def test_fit_refuses_rows_that_cannot_determine_both():
+    one_size = [
+        r for r in _rows(1e-5, 1e9) if r["bytes"] == 4096 and r["world_size"] == 2
+    ]
+    with pytest.raises(ValueError, match="at least two different sizes"):
+        costmodel.fit_alpha_beta(one_size)
+    shrinking = [
+        {"bytes": 1 << 20, "world_size": 2, "seconds": 1e-3},
+        {"bytes": 4 << 20, "world_size": 2, "seconds": 1e-4},
+    ]
+    with pytest.raises(ValueError, match="do not grow with the bytes"):
+        costmodel.fit_alpha_beta(shrinking)
+
+
+def test_one_device_costs_nothing_extra():
+    for step in (
+        costmodel.ddp_step(WORK, 1, SLOW, buckets=4),
+        costmodel.dataparallel_step(WORK, 1, SLOW, host=0.01),
+    ):
+        assert step.total == WORK.compute
+        assert step.communication == 0
+
+
+@pytest.mark.parametrize("world_size", [2, 8, 64])
+def test_free_links_scale_perfectly(world_size):
+    single = costmodel.ddp_step(WORK, 1, FREE)
+    for step in (
+        costmodel.ddp_step(WORK, world_size, FREE, buckets=3),
+        costmodel.dataparallel_step(WORK, world_size, FREE),
+    ):
+        assert step.total == WORK.compute
+        assert costmodel.speedup(step, single) == pytest.approx(world_size)
+
+
+def test_ddp_overlap_limits():
+    n = 8
+    comm = costmodel.alpha_beta_time(
+        "ring", WORK.gradient_bytes, n, SLOW.latency, SLOW.bandwidth
+    )
+    none = costmodel.ddp_step(WORK, n, SLOW, overlap=0.0)
+    assert none.total == pytest.approx(WORK.compute + comm)
+    # full overlap hides everything that fits in backward, and no more
+    backward = WORK.backward_share * WORK.compute
+    full = costmodel.ddp_step(WORK, n, SLOW, overlap=1.0)
+    assert full.hidden == pytest.approx(min(comm, backward))
+    assert full.total == pytest.approx(WORK.compute + max(0.0, comm - backward))
+    fast = costmodel.Link("fast", 1e12, 1e-6)
+    assert costmodel.ddp_step(WORK, n, fast, overlap=1.0).total == WORK.compute
+    with pytest.raises(ValueError, match="fraction in"):
+        costmodel.ddp_step(WORK, n, SLOW, overlap=1.5)
+
+
+def test_bucket_schedule_hides_all_but_the_last_bucket_when_links_keep_up():
+    # one bucket: ready when backward ends, all of it exposed
+    assert costmodel.bucket_exposed_time(0.01, 1, 0.5) == pytest.approx(0.01)
+    # ten small buckets: each is sent before the next is ready; only the last shows
+    assert costmodel.bucket_exposed_time(0.01, 10, 0.5) == pytest.approx(0.01)
+    # buckets slower than backward produces them: they queue up
+    assert costmodel.bucket_exposed_time(0.2, 4, 0.4) == pytest.approx(0.1 + 0.8 - 0.4)
+    many = costmodel.ddp_step(WORK, 8, SLOW, buckets=8)
+    one = costmodel.ddp_step(WORK, 8, SLOW, buckets=1)
+    assert many.hidden > 0 == one.hidden
+    assert many.total < one.total
+
+
+def test_dataparallel_pays_for_device0_and_the_interpreter_lock():
+    n = 4
+    step = costmodel.dataparallel_step(WORK, n, SLOW, host=0.002)
+    broadcast = (n - 1) * SLOW.latency + WORK.gradient_bytes / SLOW.bandwidth
+    assert step.hidden == 0
+    assert step.communication == pytest.approx(
+        2 * broadcast + 2 * (n - 1) * SLOW.latency
+    )
+    assert step.host == pytest.approx(n * 0.002)
+    assert step.total > costmodel.ddp_step(WORK, n, SLOW, buckets=1).total
+
+
+def test_machines_run_rings_at_the_pace_of_their_slowest_link():
+    nvlink, ib = (
+        costmodel.LINKS["NVLink 2 (V100)"],
+        costmodel.LINKS["InfiniBand EDR 100 Gb/s"],
+    )
+    dgx = costmodel.Machine("8 x V100", 8, nvlink, ib)
+    assert dgx.link(8) is nvlink
+    assert dgx.link(16).bandwidth == ib.bandwidth
+    curve = costmodel.scaling_curve(WORK, dgx, [1, 8, 16])
+    assert [s.world_size for s in curve] == [1, 8, 16]
+    assert curve[2].communication > curve[1].communication
+    with pytest.raises(ValueError, match="runs in one process on one node"):
+        costmodel.scaling_curve(WORK, dgx, [16], method="DataParallel")
+    with pytest.raises(ValueError, match="no link between nodes"):
+        costmodel.Machine("one box", 4, nvlink).link(8)
+    # PyTorch's 25 MB buckets: 40 MB of gradients make 2
+    assert costmodel.scaling_curve(WORK, dgx, [8])[0] == costmodel.ddp_step(
+        WORK, 8, nvlink, buckets=2
     )

@@ -28,9 +28,56 @@ For a tensor of S bytes all-reduced on n ranks:
   (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
   algbw = S/t; for all-reduce busbw = algbw·2(n-1)/n, the number to compare with a
   link's bandwidth and across world sizes.
+
+The step time of data-parallel training (12)
+--------------------------------------------
+
+One training step on one device takes ``compute`` seconds (forward, backward and
+optimizer for a batch of b samples). With N devices each doing b samples, the
+models add the time spent moving data and whatever of it is not hidden:
+
+- **DDP** (one process per device, ring all-reduce in buckets during backward):
+  the G gradient bytes travel in K buckets of G/K, each a ring all-reduce
+  (2(N-1)·α + 2(N-1)/N·(G/K)/B). The buckets become ready one after another
+  during backward (here: evenly spaced over it) and are sent one at a time, so
+  all but the last can hide behind the rest of backward; what is left after
+  backward ends is *exposed* and adds to the step (:func:`ddp_step`). Given a
+  measured overlap fraction instead (notebook 10's timeline), the hidden part is
+  that fraction of the communication, at most the backward time.
+- **DataParallel** (one process, one thread per device, everything through device 0):
+  each step broadcasts the parameters from device 0 (``replicate``), scatters the
+  input from it and gathers the outputs back to it, and after backward reduces the
+  gradients onto it (the backward of the broadcast); nothing overlaps with compute.
+  PyTorch's ``torch.cuda.comm`` uses NCCL's broadcast and reduce, pipelined so that
+  each costs about (N-1)·α + G/B; scatter and gather move (N-1)·b samples' inputs
+  and outputs through device 0's link. The N threads share one interpreter lock:
+  the Python work of launching each replica's forward is done one thread at a
+  time, ``host`` seconds per replica (:func:`dataparallel_step`).
+
+Speed-up is throughput against one device with the same per-device batch:
+S(N) = N·t(1)/t(N). The limits are the textbook ones: N = 1 costs nothing extra;
+free links (α = 0, B = ∞) or full overlap give S(N) = N.
+
+Links are plain data (:data:`LINKS`): bandwidth per direction, as a ring uses it,
+and a per-message latency. Bandwidths are the published peaks; real collectives
+reach less (nccl-tests' busbw is typically 70-90 % of them), and the latencies are
+orders of magnitude, not specifications. Sources:
+
+- PCIe: PCI-SIG's specifications, 8 / 16 / 32 GT/s per lane for 3.0 / 4.0 / 5.0
+  with 128b/130b encoding, so about 15.8 / 31.5 / 63 GB/s per direction for x16.
+- NVLink: NVIDIA's V100 (NVLink 2: 6 links x 25 GB/s per direction = 300 GB/s
+  total), A100 (NVLink 3: 600 GB/s total) and H100 SXM (NVLink 4: 900 GB/s total)
+  data sheets; per direction is half the total. TITAN RTX / RTX 2080 Ti NVLink
+  bridge: 2 links, 100 GB/s total (NVIDIA's TITAN RTX product page).
+- InfiniBand EDR 100 Gb/s and HDR 200 Gb/s (InfiniBand Trade Association roadmap):
+  12.5 and 25 GB/s per direction; Ethernet 10 / 25 / 100 Gb/s likewise.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from .collectives import ring_chunk_sizes
 
@@ -92,3 +139,275 @@ def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
     """nccl-tests' busbw for all-reduce: algbw · 2(n-1)/n, comparable across world
     sizes and with link bandwidth, bytes/s (07)."""
     return algorithm_bandwidth(nbytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+# ----------------------------------------------------------------------------------
+# Fitting α and B to measured all-reduce times (12)
+
+
+def fit_alpha_beta(rows: Iterable[Mapping[str, float]]) -> tuple[float, float]:
+    """Least-squares α (seconds per message) and B (bytes/s) of the ring model
+    t = 2(n-1)·α + 2(n-1)/n·S/B from measured rows with "bytes", "world_size" and
+    "seconds" (as ``workers.time_all_reduces`` returns them) (12).
+
+    Raises ValueError when the rows cannot determine both (fewer than two distinct
+    points, or a fit that needs a negative latency or bandwidth cost, which means
+    the times do not grow with the bytes)."""
+    points = [
+        (
+            2.0 * (row["world_size"] - 1),
+            ring_bytes_theory(row["bytes"], int(row["world_size"])),
+            row["seconds"],
+        )
+        for row in rows
+        if row["world_size"] > 1
+    ]
+    if len({(steps, sent) for steps, sent, _ in points}) < 2:
+        raise ValueError(
+            "fit_alpha_beta needs all-reduce times for at least two different sizes "
+            f"(or world sizes) with 2 or more ranks; got {len(points)} usable rows. "
+            "Measure a few sizes, for example 4 KiB to 4 MiB."
+        )
+    # Normal equations of the two-parameter fit t = steps·α + sent·(1/B).
+    saa = sum(a * a for a, _, _ in points)
+    sab = sum(a * b for a, b, _ in points)
+    sbb = sum(b * b for _, b, _ in points)
+    sat = sum(a * t for a, _, t in points)
+    sbt = sum(b * t for _, b, t in points)
+    det = saa * sbb - sab * sab
+    if det == 0:
+        raise ValueError(
+            "fit_alpha_beta cannot tell latency from bandwidth: every row sends "
+            "the same bytes per message. Measure several tensor sizes."
+        )
+    alpha = (sat * sbb - sbt * sab) / det
+    inverse_bandwidth = (saa * sbt - sab * sat) / det
+    if alpha < 0 or inverse_bandwidth <= 0:
+        raise ValueError(
+            f"The fit gives α = {alpha:.3g} s and 1/B = {inverse_bandwidth:.3g} s/B: "
+            "the times do not grow with the bytes as the α-β model assumes. "
+            "Measure larger tensors (up to a few MiB) or repeat the measurement on "
+            "a quieter machine."
+        )
+    return alpha, 1.0 / inverse_bandwidth
+
+
+# ----------------------------------------------------------------------------------
+# Links, machines and workloads as plain data (12)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A connection between devices: peak ``bandwidth`` per direction (bytes/s)
+    and ``latency`` per message (s); sources in the module docstring (12)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+
+GB = 1e9
+LINKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        Link("PCIe 3.0 x16", 15.75 * GB, 5e-6),
+        Link("PCIe 4.0 x16", 31.5 * GB, 5e-6),
+        Link("PCIe 5.0 x16", 63.0 * GB, 5e-6),
+        Link("NVLink bridge (TITAN RTX)", 50.0 * GB, 3e-6),
+        Link("NVLink 2 (V100)", 150.0 * GB, 3e-6),
+        Link("NVLink 3 (A100)", 300.0 * GB, 3e-6),
+        Link("NVLink 4 (H100)", 450.0 * GB, 3e-6),
+        Link("InfiniBand EDR 100 Gb/s", 12.5 * GB, 5e-6),
+        Link("InfiniBand HDR 200 Gb/s", 25.0 * GB, 5e-6),
+        Link("Ethernet 10 Gb/s", 1.25 * GB, 30e-6),
+        Link("Ethernet 100 Gb/s", 12.5 * GB, 20e-6),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Nodes of ``devices_per_node`` devices joined inside a node by ``intra`` and
+    between nodes by ``inter``: a ring over several nodes runs at the pace of its
+    slowest link (12)."""
+
+    name: str
+    devices_per_node: int
+    intra: Link
+    inter: Link | None = None
+
+    def link(self, world_size: int) -> Link:
+        """The link that bounds a ring over ``world_size`` devices (12)."""
+        if world_size <= self.devices_per_node:
+            return self.intra
+        if self.inter is None:
+            raise ValueError(
+                f"{self.name} has {self.devices_per_node} devices and no link between "
+                f"nodes, so it cannot run {world_size}. Give the Machine an `inter` "
+                "link (for example LINKS['InfiniBand EDR 100 Gb/s'])."
+            )
+        slow = min((self.intra, self.inter), key=lambda link: link.bandwidth)
+        latency = max(self.intra.latency, self.inter.latency)
+        return Link(f"{slow.name} (between nodes)", slow.bandwidth, latency)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One device's training step: ``compute`` seconds (forward, backward and
+    optimizer) for ``batch`` samples of a model with ``parameters`` parameters
+    whose gradients are ``bytes_per_gradient`` each; ``backward_share`` of compute
+    is backward, when gradients become ready (about 2/3: backward does twice the
+    work of forward); ``sample_bytes`` and ``output_bytes`` per sample are what
+    DataParallel scatters and gathers (12)."""
+
+    name: str
+    parameters: int
+    compute: float
+    batch: int
+    bytes_per_gradient: int = 4
+    backward_share: float = 2 / 3
+    sample_bytes: float = 0.0
+    output_bytes: float = 0.0
+
+    @property
+    def gradient_bytes(self) -> float:
+        return float(self.parameters * self.bytes_per_gradient)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A predicted step, in seconds: ``compute`` on each device, ``host`` (Python
+    work done one thread at a time), ``communication`` in all, of which ``hidden``
+    ran during backward; ``total`` is what a step takes (12)."""
+
+    method: str
+    world_size: int
+    batch: int
+    compute: float
+    communication: float
+    hidden: float = 0.0
+    host: float = 0.0
+
+    @property
+    def exposed(self) -> float:
+        return self.communication - self.hidden
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.host + self.exposed
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.world_size * self.batch / self.total
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}.")
+
+
+def bucket_exposed_time(
+    bucket_seconds: float, buckets: int, backward_seconds: float
+) -> float:
+    """Seconds of communication left after backward when ``buckets`` buckets of
+    ``bucket_seconds`` each become ready at evenly spaced moments of backward,
+    the last one as it ends, and are sent one at a time (12)."""
+    finished = 0.0
+    for k in range(1, buckets + 1):
+        ready = backward_seconds * k / buckets
+        finished = max(finished, ready) + bucket_seconds
+    return finished - backward_seconds
+
+
+def ddp_step(
+    workload: Workload,
+    world_size: int,
+    link: Link,
+    buckets: int = 1,
+    overlap: float | None = None,
+) -> StepTime:
+    """DDP's step on ``world_size`` devices: the gradients all-reduced in ``buckets``
+    ring all-reduces over ``link``. Without ``overlap`` the hidden part follows
+    from the buckets' schedule (:func:`bucket_exposed_time`); with it, that fraction
+    of the communication is hidden, at most the backward time (12)."""
+    _check_positive("world_size", world_size)
+    _check_positive("buckets", buckets)
+    if world_size == 1:  # DDP on one device does not communicate
+        return StepTime("DDP", 1, workload.batch, workload.compute, 0.0)
+    per_bucket = alpha_beta_time(
+        "ring",
+        workload.gradient_bytes / buckets,
+        world_size,
+        link.latency,
+        link.bandwidth,
+    )
+    communication = buckets * per_bucket
+    backward = workload.backward_share * workload.compute
+    if overlap is None:
+        hidden = communication - bucket_exposed_time(per_bucket, buckets, backward)
+    else:
+        if not 0 <= overlap <= 1:
+            raise ValueError(f"overlap is a fraction in [0, 1], got {overlap!r}.")
+        hidden = min(overlap * communication, backward)
+    return StepTime(
+        "DDP", world_size, workload.batch, workload.compute, communication, hidden
+    )
+
+
+def dataparallel_step(
+    workload: Workload, world_size: int, link: Link, host: float = 0.0
+) -> StepTime:
+    """DataParallel's step on ``world_size`` devices behind device 0's ``link``:
+    broadcast of the parameters and reduce of the gradients (pipelined, each
+    (N-1)·α + G/B), scatter of the inputs and gather of the outputs through device
+    0, none of it overlapped; ``host`` seconds of Python work per replica done one
+    thread at a time (12)."""
+    _check_positive("world_size", world_size)
+    if world_size == 1:  # DataParallel on one device calls the module directly
+        return StepTime("DataParallel", 1, workload.batch, workload.compute, 0.0)
+    others = world_size - 1
+    broadcast = others * link.latency + workload.gradient_bytes / link.bandwidth
+    moved = others * workload.batch * (workload.sample_bytes + workload.output_bytes)
+    scatter_gather = 2 * others * link.latency + moved / link.bandwidth
+    return StepTime(
+        "DataParallel",
+        world_size,
+        workload.batch,
+        workload.compute,
+        2 * broadcast + scatter_gather,
+        host=world_size * host,
+    )
+
+
+def speedup(step: StepTime, single: StepTime) -> float:
+    """Throughput of ``step`` over that of one device, ``single`` (12)."""
+    return step.samples_per_second / single.samples_per_second
+
+
+def scaling_curve(
+    workload: Workload,
+    machine: Machine,
+    world_sizes: Iterable[int],
+    method: str = "DDP",
+    buckets: int | None = None,
+    host: float = 0.0,
+) -> list[StepTime]:
+    """Predicted steps of ``method`` ("DDP" or "DataParallel") for each world size
+    on ``machine``; DDP's buckets default to PyTorch's 25 MB each (12)."""
+    if buckets is None:
+        buckets = max(1, math.ceil(workload.gradient_bytes / 25e6))
+    steps = []
+    for n in world_sizes:
+        link = machine.link(n)
+        if method == "DDP":
+            steps.append(ddp_step(workload, n, link, buckets))
+        elif method == "DataParallel":
+            if n > machine.devices_per_node:
+                raise ValueError(
+                    f"DataParallel runs in one process on one node: {n} devices is "
+                    f"more than {machine.name}'s {machine.devices_per_node}."
+                )
+            steps.append(dataparallel_step(workload, n, link, host))
+        else:
+            raise ValueError(f"Unknown method {method!r}. Use 'DDP' or 'DataParallel'.")
+    return steps

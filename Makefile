@@ -12,7 +12,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb)) \
 	$(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 
-.PHONY: setup lab test lint pytest nbval run notebooks bench clean
+.PHONY: setup lab test test-slow lint pytest nbval run notebooks bench clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ lint: $(STAMP)
 
 pytest: $(STAMP)
 	$(THREADS) $(BIN)/pytest tests/
+
+# The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
+test-slow: $(STAMP)
+	MULTIGPU_SLOW=1 $(THREADS) $(BIN)/pytest tests/test_fault_tolerance.py
 
 # Twice: with this machine's CPU kernels, then with none (ATEN_CPU_CAPABILITY=default,
 # as on some ARM builds), so that no stored output depends on the processor.

@@ -1,8 +1,11 @@
-"""Shared test set-up: the `gpu` marker skips unless enough CUDA devices exist.
+"""Shared test set-up: the `gpu` marker skips unless enough CUDA devices exist, and
+the `slow` marker skips unless ``MULTIGPU_SLOW=1`` is set (``make test-slow``).
 
 Mark a test that needs N GPUs with ``@pytest.mark.gpu(N)`` (``gpu`` alone means 1),
 never with a ``skipif`` that counts devices; see docs/architecture.md, "A test".
 """
+
+import os
 
 import pytest
 import torch
@@ -10,7 +13,10 @@ import torch
 
 def pytest_collection_modifyitems(config, items):
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    slow = os.environ.get("MULTIGPU_SLOW") == "1"
     for item in items:
+        if item.get_closest_marker("slow") and not slow:
+            item.add_marker(pytest.mark.skip(reason="slow: set MULTIGPU_SLOW=1"))
         marker = item.get_closest_marker("gpu")
         if marker is None:
             continue

@@ -243,3 +243,28 @@ def test_machines_run_rings_at_the_pace_of_their_slowest_link():
     assert costmodel.scaling_curve(WORK, dgx, [8])[0] == costmodel.ddp_step(
         WORK, 8, nvlink, buckets=2
     )
+
+
+def test_published_rows_are_predicted_and_every_large_miss_is_explained():
+    table = costmodel.published_table()
+    assert len(table) == len(costmodel.PUBLISHED) >= 8
+    for row, line in zip(costmodel.PUBLISHED, table, strict=True):
+        predicted = costmodel.predict(row)
+        miss = predicted / row.seconds - 1
+        if row.calibrates:  # the compute time was solved for on this row
+            assert predicted == pytest.approx(row.seconds, rel=1e-9)
+            assert line["miss"] == "calibrated"
+        else:
+            assert line["miss"] == f"{miss:+.0%}"
+        if abs(miss) > 0.3:
+            assert line["left out of the model"], f"{row.source}: miss not explained"
+        assert row.url.startswith("https://")
+
+
+def test_calibrate_compute_inverts_the_ddp_step():
+    link = costmodel.LINKS["PCIe 3.0 x16"]
+    for seconds in (0.05, 0.5):
+        fitted = costmodel.calibrate_compute(WORK, 4, link, 3, seconds)
+        step = costmodel.ddp_step(fitted, 4, link, 3)
+        assert step.total == pytest.approx(seconds, rel=1e-9)
+        assert 0 < fitted.compute < seconds

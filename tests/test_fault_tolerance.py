@@ -28,7 +28,6 @@ EVERY = 5  # a snapshot every 5 steps
 SCRIPT = ["--samples", SAMPLES, "--epochs", EPOCHS, "--float64"]
 SCRIPT += ["--snapshot-every", EVERY]
 RUN_TIMEOUT = 240.0  # one torchrun run, restart included, on a busy 2-core machine
-SLOW = os.environ.get("MULTIGPU_SLOW") == "1"
 
 
 def _weights_equal(a, b):
@@ -215,7 +214,7 @@ def _check_restarted_run(result, folder, uninterrupted, killed_rank, kill_step):
     [
         (1, 13),
         pytest.param(
-            0, 7, marks=pytest.mark.skipif(not SLOW, reason="set MULTIGPU_SLOW=1")
+            0, 7, marks=pytest.mark.slow
         ),
     ],
 )
@@ -228,7 +227,7 @@ def test_torchrun_restarts_after_a_rank_kills_itself(
     assert snapshot.Fault(killed_rank, kill_step).marker(folder).exists()
 
 
-@pytest.mark.skipif(not SLOW, reason="ten restarts in a row: set MULTIGPU_SLOW=1")
+@pytest.mark.slow  # ten restarts in a row
 def test_ten_restarts_in_a_row(tmp_path, uninterrupted):
     figures = []
     for attempt in range(10):

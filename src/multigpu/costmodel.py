@@ -63,23 +63,32 @@ and a per-message latency. Bandwidths are the published peaks; real collectives
 reach less (nccl-tests' busbw is typically 70-90 % of them), and the latencies are
 orders of magnitude, not specifications. Sources:
 
-- PCIe: PCI-SIG's specifications, 8 / 16 / 32 GT/s per lane for 3.0 / 4.0 / 5.0
-  with 128b/130b encoding, so about 15.8 / 31.5 / 63 GB/s per direction for x16.
-- NVLink: NVIDIA's V100 (NVLink 2: 6 links x 25 GB/s per direction = 300 GB/s
-  total), A100 (NVLink 3: 600 GB/s total) and H100 SXM (NVLink 4: 900 GB/s total)
-  data sheets; per direction is half the total. TITAN RTX / RTX 2080 Ti NVLink
-  bridge: 2 links, 100 GB/s total (NVIDIA's TITAN RTX product page).
-- InfiniBand EDR 100 Gb/s and HDR 200 Gb/s (InfiniBand Trade Association roadmap):
-  12.5 and 25 GB/s per direction; Ethernet 10 / 25 / 100 Gb/s likewise.
+- PCIe: 8 / 16 / 32 GT/s per lane for 3.0 / 4.0 / 5.0 with 128b/130b encoding, so
+  about 15.8 / 31.5 / 63 GB/s per direction for x16 (PCI-SIG quotes 128 GB/s for
+  5.0 x16, both directions together).
+- NVLink: each V100 has 6 NVLink 2 links of 25 GB/s per direction (150 GB/s per
+  direction, 300 GB/s in all, as the DGX-1 topology printed by ``nvidia-smi topo
+  -m`` shows); A100: 12 NVLink 3 links, 600 GB/s in all; H100: 18 NVLink 4 links,
+  900 GB/s in all (NVIDIA's NVLink pages, https://www.nvidia.com/en-us/data-center/nvlink/).
+  TITAN RTX: 2 links, 100 GB/s in all as listed for the same TU102 chip's Quadro
+  RTX 6000/8000 (taken here as 50 GB/s per direction).
+- InfiniBand EDR: 4 lanes of 25.78 Gb/s, 100 Gb/s, 12.5 GB/s per direction (NCCL's
+  maintainers quote 12.2 GB/s reached, and 48 GB/s on a DGX-1 with 4 adapters:
+  https://github.com/NVIDIA/nccl-tests/issues/29); HDR 200 Gb/s; Ethernet likewise.
+- Latency per message: NVIDIA publishes none for collectives. Users' nccl-tests
+  runs in NVIDIA/nccl's GitHub issues show 8-32 byte all-reduces of about 10 µs on
+  2 NVLinked A100s and 20 µs across two InfiniBand nodes, so α of 5 µs (NVLink,
+  PCIe) and 10 µs (InfiniBand) per message; TCP Ethernet 25 µs.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .collectives import ring_chunk_sizes
+from .reproducibility import round_sig
 
 
 def naive_bytes_per_rank(nbytes: int, world_size: int, rank: int) -> int:
@@ -213,14 +222,15 @@ LINKS: dict[str, Link] = {
         Link("PCIe 3.0 x16", 15.75 * GB, 5e-6),
         Link("PCIe 4.0 x16", 31.5 * GB, 5e-6),
         Link("PCIe 5.0 x16", 63.0 * GB, 5e-6),
-        Link("NVLink bridge (TITAN RTX)", 50.0 * GB, 3e-6),
-        Link("NVLink 2 (V100)", 150.0 * GB, 3e-6),
-        Link("NVLink 3 (A100)", 300.0 * GB, 3e-6),
-        Link("NVLink 4 (H100)", 450.0 * GB, 3e-6),
-        Link("InfiniBand EDR 100 Gb/s", 12.5 * GB, 5e-6),
-        Link("InfiniBand HDR 200 Gb/s", 25.0 * GB, 5e-6),
-        Link("Ethernet 10 Gb/s", 1.25 * GB, 30e-6),
-        Link("Ethernet 100 Gb/s", 12.5 * GB, 20e-6),
+        Link("NVLink bridge (TITAN RTX)", 50.0 * GB, 5e-6),
+        Link("NVLink 2 (V100)", 150.0 * GB, 5e-6),
+        Link("NVLink 3 (A100)", 300.0 * GB, 5e-6),
+        Link("NVLink 4 (H100)", 450.0 * GB, 5e-6),
+        Link("InfiniBand EDR 100 Gb/s", 12.5 * GB, 10e-6),
+        Link("4 x InfiniBand EDR (DGX-1)", 50.0 * GB, 10e-6),
+        Link("InfiniBand HDR 200 Gb/s", 25.0 * GB, 10e-6),
+        Link("Ethernet 10 Gb/s", 1.25 * GB, 25e-6),
+        Link("Ethernet 100 Gb/s", 12.5 * GB, 25e-6),
     )
 }
 
@@ -411,3 +421,205 @@ def scaling_curve(
         else:
             raise ValueError(f"Unknown method {method!r}. Use 'DDP' or 'DataParallel'.")
     return steps
+
+
+def calibrate_compute(
+    workload: Workload, world_size: int, link: Link, buckets: int, seconds: float
+) -> Workload:
+    """``workload`` with the compute time for which DDP's predicted step on
+    ``world_size`` devices takes ``seconds``: for published results that give no
+    single-device time, one DDP row fixes compute and the model predicts the rest
+    (12)."""
+    low, high = 0.0, seconds
+    for _ in range(60):  # bisection: the step grows with compute
+        middle = (low + high) / 2
+        trial = replace(workload, compute=middle)
+        if ddp_step(trial, world_size, link, buckets).total < seconds:
+            low = middle
+        else:
+            high = middle
+    return replace(workload, compute=(low + high) / 2)
+
+
+# ----------------------------------------------------------------------------------
+# Published measurements, and what the model predicts for them (12)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published time and the setting it was measured in: ``seconds`` for
+    ``steps`` steps of ``method`` on ``world_size`` devices joined by ``link``;
+    ``compute_from`` says where the workload's compute time comes from, ``note``
+    what the model leaves out where it misses (12)."""
+
+    source: str
+    url: str
+    hardware: str
+    workload: Workload
+    method: str
+    world_size: int
+    link: Link
+    seconds: float
+    steps: float = 1.0
+    buckets: int = 1
+    compute_from: str = ""
+    note: str = ""
+    calibrates: bool = False  # this row fixed the compute time: it cannot miss
+
+
+def _published() -> list[Published]:
+    resnet50 = Workload("ResNet-50, batch 32, fp32", 25_557_032, 0.097, 32)
+    torch_ddp = dict(
+        source="PyTorch DDP benchmark",
+        url="https://github.com/pytorch/pytorch/blob/main/benchmarks/distributed/ddp/README.md",
+        workload=resnet50,
+        method="DDP",
+        buckets=5,  # 102 MB of gradients in 25 MB buckets
+        compute_from="the 1-GPU run without DDP, 0.097 s/iter",
+        note="DDP's own cost (hooks, copies into buckets) is not modelled: "
+        "1 GPU with DDP already takes 0.100 s",
+    )
+    gpt2 = Workload("GPT-2 (124 M), batch 4 x 1024 tokens, fp32", 124_439_808, 0.5, 4)
+    nvbridge = LINKS["NVLink bridge (TITAN RTX)"]
+    gpt2 = calibrate_compute(gpt2, 2, nvbridge, 20, 101.9003 / 200)
+    hugging_face = dict(
+        source="Hugging Face, Efficient training on multiple GPUs",
+        url="https://huggingface.co/docs/transformers/perf_train_gpu_many",
+        hardware="2 x TITAN RTX 24 GB",
+        workload=gpt2,
+        world_size=2,
+        steps=200,
+        buckets=20,  # 498 MB in 25 MB buckets
+        compute_from="calibrated on the DDP run with NVLink",
+    )
+    resnet18 = Workload("ResNet-18, batch 800 per GPU, ImageNet", 11_689_512, 1.0, 800)
+    pcie3 = LINKS["PCIe 3.0 x16"]
+    steps_imagenet = 1_281_167 / 3200
+    resnet18 = calibrate_compute(resnet18, 4, pcie3, 2, 1188.5 / steps_imagenet)
+    tczhangzhi = dict(
+        source="tczhangzhi/pytorch-distributed",
+        url="https://github.com/tczhangzhi/pytorch-distributed",
+        hardware="4 x Tesla V100-PCIe",
+        workload=resnet18,
+        world_size=4,
+        link=pcie3,
+        steps=steps_imagenet,
+        buckets=2,
+        compute_from="calibrated on the DDP run (time per epoch read from a chart)",
+    )
+    resnet34 = Workload("ResNet-34 (5 classes), batch 16", 21_287_237, 9.0 / 184, 16)
+    flowers = dict(
+        source="WZMIAOMIAO train_multi_GPU",
+        url="https://github.com/WZMIAOMIAO/deep-learning-for-image-processing/"
+        "tree/master/pytorch_classification/train_multi_GPU",
+        hardware="GPUs not stated (PCIe 3.0 assumed)",
+        workload=resnet34,
+        method="DDP",
+        link=pcie3,
+        buckets=4,
+        compute_from="the 1-GPU epoch, 9 s for 184 steps of 16 images",
+    )
+    return [
+        Published(
+            **torch_ddp,
+            hardware="8 x V100 (DGX-1, NVLink)",
+            world_size=8,
+            link=LINKS["NVLink 2 (V100)"],
+            seconds=0.104,
+        ),
+        Published(
+            **torch_ddp,
+            hardware="2 x 8 V100, 4 x 100 Gb/s InfiniBand per machine",
+            world_size=16,
+            link=LINKS["4 x InfiniBand EDR (DGX-1)"],
+            seconds=0.104,
+        ),
+        Published(
+            **hugging_face,
+            method="DDP",
+            link=nvbridge,
+            seconds=101.9003,
+            calibrates=True,
+        ),
+        Published(
+            **hugging_face,
+            method="DataParallel",
+            link=nvbridge,
+            seconds=110.5948,
+            note="DataParallel's interpreter lock is not modelled (host = 0 here)",
+        ),
+        Published(
+            **{**hugging_face, "hardware": "2 x TITAN RTX, NCCL_P2P_DISABLE=1"},
+            method="DDP",
+            link=pcie3,
+            seconds=131.4367,
+            note="with peer-to-peer disabled, NCCL copies through host memory, "
+            "far below the PCIe peak the model assumes",
+        ),
+        Published(**tczhangzhi, method="DDP", seconds=1188.5, calibrates=True),
+        Published(
+            **tczhangzhi,
+            method="DataParallel",
+            seconds=4138.3,
+            note="one process decodes ImageNet's JPEGs for all 4 GPUs (4 loader "
+            "workers instead of DDP's 4 per GPU) and runs every replica's Python "
+            "under one interpreter lock: the input pipeline, not the links, is "
+            "the limit, and the model has no input pipeline",
+        ),
+        Published(
+            **{**tczhangzhi, "workload": replace(resnet18, bytes_per_gradient=2)},
+            method="DDP",
+            seconds=1200.3,
+            note="Horovod (fp16 gradient compression), modelled as DDP with "
+            "2-byte gradients",
+        ),
+        *(
+            Published(
+                **flowers,
+                world_size=n,
+                seconds=seconds,
+                steps=math.ceil(2936 / (16 * n)),
+                note="fixed costs per epoch (loader start, validation) do not "
+                "shrink with more GPUs; at 8 GPUs an epoch is only 23 steps"
+                if n == 8
+                else "",
+            )
+            for n, seconds in ((2, 5.5), (4, 3.0), (8, 2.0))
+        ),
+    ]
+
+
+PUBLISHED: list[Published] = _published()
+
+
+def predict(row: Published) -> float:
+    """The model's time for a published row, in the row's unit (12)."""
+    if row.method == "DDP":
+        step = ddp_step(row.workload, row.world_size, row.link, row.buckets)
+    else:
+        step = dataparallel_step(row.workload, row.world_size, row.link)
+    return row.steps * step.total
+
+
+def published_table(rows: Iterable[Published] = PUBLISHED) -> list[dict]:
+    """One dict per published row: what was run, the published and the predicted
+    time, the miss (predicted / published - 1) and what the model leaves out
+    (12)."""
+    table = []
+    for row in rows:
+        predicted = predict(row)
+        miss = predicted / row.seconds - 1
+        table.append(
+            {
+                "source": row.source,
+                "hardware": row.hardware,
+                "model": row.workload.name,
+                "method": row.method,
+                "GPUs": row.world_size,
+                "published s": row.seconds,
+                "predicted s": round_sig(predicted, 3),
+                "miss": "calibrated" if row.calibrates else f"{miss:+.0%}",
+                "left out of the model": row.note,
+            }
+        )
+    return table

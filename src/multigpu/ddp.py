@@ -974,19 +974,24 @@ def eaddrinuse_lines(output: str) -> list[str]:
 
 
 def step_times(
-    rank: int, world_size: int, per_rank_batch: int = 32, steps: int = 20
+    rank: int,
+    world_size: int,
+    per_rank_batch: int = 32,
+    steps: int = 20,
+    model: nn.Module | None = None,
+    input_shape: tuple[int, ...] = (1, 8, 8),
 ) -> dict[str, float]:
-    """Median seconds of one training step of ConvNet on this rank, with DDP's
-    gradient all-reduce and without it (inside ``no_sync``), taking turns; the
-    slowest rank's time per step counts (bench/ddp.py, 09)."""
+    """Median seconds of one training step of ``model`` (ConvNet by default) on this
+    rank, with DDP's gradient all-reduce and without it (inside ``no_sync``), taking
+    turns; the slowest rank's time per step counts (bench/ddp.py, 09, 12)."""
     import statistics
 
     from .models import ConvNet
 
     torch.manual_seed(0)
-    model = wrap(ConvNet())
+    model = wrap(copy.deepcopy(model) if model is not None else ConvNet())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    X = torch.randn(per_rank_batch, 1, 8, 8)
+    X = torch.randn(per_rank_batch, *input_shape)
     y = torch.randint(0, 10, (per_rank_batch,))
     seconds: dict[str, list[float]] = {"synced": [], "no_sync": []}
     for step in range(steps + 1):

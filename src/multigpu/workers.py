@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
 from .costmodel import bus_bandwidth, ring_bytes_per_rank
+from .ddp import step_times
 
 # ----------------------------------------------------------------------------------
 # Ranks and processes: what launch.spawn does when all goes well, and when not
@@ -354,6 +355,29 @@ def time_all_reduces(
                 }
             )
     return rows
+
+
+def scaling_measurements(
+    rank: int,
+    world_size: int,
+    sizes_bytes: Sequence[int],
+    model: torch.nn.Module,
+    input_shape: tuple[int, ...],
+    per_rank_batch: int = 32,
+    steps: int = 20,
+    repeats: int = 5,
+) -> dict:
+    """What notebook 12's cost model is fitted to and checked against, measured in
+    one launch: ``dist.all_reduce`` times at ``sizes_bytes`` (none on one rank), then
+    the median step time of ``model`` under DDP with its all-reduce ("synced") and
+    without it ("no_sync") (12)."""
+    rows = []
+    if world_size > 1:
+        rows = time_all_reduces(
+            rank, world_size, sizes_bytes, repeats, names=("dist.all_reduce",)
+        )
+    step = step_times(rank, world_size, per_rank_batch, steps, model, input_shape)
+    return {"all_reduce": rows, "step": step}
 
 
 # ----------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ line names the test's folder. Models and data are float64, so "equal" means equa
 to ~1e-12. Set ``MULTIGPU_SLOW=1`` to also run the restart ten times in a row.
 """
 
-import os
 import random
 import time
 

@@ -983,7 +983,8 @@ def step_times(
 ) -> dict[str, float]:
     """Median seconds of one training step of ``model`` (ConvNet by default) on this
     rank, with DDP's gradient all-reduce and without it (inside ``no_sync``), taking
-    turns; the slowest rank's time per step counts (bench/ddp.py, 09, 12)."""
+    turns; the slowest rank's time per step counts; and the number of buckets DDP
+    all-reduced, from its logging data (bench/ddp.py, 09, 12)."""
     import statistics
 
     from .models import ConvNet
@@ -1007,4 +1008,7 @@ def step_times(
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if step:  # step 0 warms up (and DDP rebuilds its buckets)
                 seconds[name].append(elapsed.item())
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    times = {name: statistics.median(values) for name, values in seconds.items()}
+    sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
+    times["buckets"] = float(len([size for size in sizes.split(",") if size.strip()]))
+    return times

@@ -212,9 +212,7 @@ def _check_restarted_run(result, folder, uninterrupted, killed_rank, kill_step):
     "killed_rank, kill_step",
     [
         (1, 13),
-        pytest.param(
-            0, 7, marks=pytest.mark.slow
-        ),
+        pytest.param(0, 7, marks=pytest.mark.slow),
     ],
 )
 def test_torchrun_restarts_after_a_rank_kills_itself(

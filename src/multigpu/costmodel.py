@@ -483,7 +483,7 @@ def _published() -> list[Published]:
     nvbridge = LINKS["NVLink bridge (TITAN RTX)"]
     gpt2 = calibrate_compute(gpt2, 2, nvbridge, 20, 101.9003 / 200)
     hugging_face = dict(
-        source="Hugging Face, Efficient training on multiple GPUs",
+        source="Hugging Face docs",
         url="https://huggingface.co/docs/transformers/perf_train_gpu_many",
         hardware="2 x TITAN RTX 24 GB",
         workload=gpt2,
@@ -497,7 +497,7 @@ def _published() -> list[Published]:
     steps_imagenet = 1_281_167 / 3200
     resnet18 = calibrate_compute(resnet18, 4, pcie3, 2, 1188.5 / steps_imagenet)
     tczhangzhi = dict(
-        source="tczhangzhi/pytorch-distributed",
+        source="tczhangzhi",
         url="https://github.com/tczhangzhi/pytorch-distributed",
         hardware="4 x Tesla V100-PCIe",
         workload=resnet18,
@@ -509,7 +509,7 @@ def _published() -> list[Published]:
     )
     resnet34 = Workload("ResNet-34 (5 classes), batch 16", 21_287_237, 9.0 / 184, 16)
     flowers = dict(
-        source="WZMIAOMIAO train_multi_GPU",
+        source="WZMIAOMIAO",
         url="https://github.com/WZMIAOMIAO/deep-learning-for-image-processing/"
         "tree/master/pytorch_classification/train_multi_GPU",
         hardware="GPUs not stated (PCIe 3.0 assumed)",

@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import convnet_problem
 
 from multigpu import horovod_api as hvd
 from multigpu import miniddp
@@ -21,7 +22,6 @@ from multigpu.allreduce_sgd import max_parameter_difference, world_losses
 from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.ddp import NotLaunchedByTorchrunError, in_one_launch
 from multigpu.launch import spawn
-from multigpu.models import ConvNet
 from multigpu.train import TrainConfig
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
@@ -35,11 +35,7 @@ FORMS = ("state_dict", "named_parameters", "parameters")
 
 @pytest.fixture(scope="module")
 def problem():
-    torch.manual_seed(0)
-    model = ConvNet(in_channels=1, num_classes=3, width=4).double()
-    X = torch.randn(NUM_SAMPLES, 1, 8, 8, dtype=torch.float64)
-    y = torch.randint(0, 3, (NUM_SAMPLES,))
-    return model, X, y
+    return convnet_problem(NUM_SAMPLES)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import convnet_problem
 
 from multigpu import miniddp, plots
 from multigpu.allreduce_sgd import max_parameter_difference
@@ -30,11 +31,7 @@ OPTIONS = {"bucket_cap_mb": 0.002}
 
 @pytest.fixture(scope="module")
 def problem():
-    torch.manual_seed(0)
-    model = ConvNet(in_channels=1, num_classes=3, width=4).double()
-    X = torch.randn(NUM_SAMPLES, 1, 8, 8, dtype=torch.float64)
-    y = torch.randint(0, 3, (NUM_SAMPLES,))
-    return model, X, y
+    return convnet_problem(NUM_SAMPLES)
 
 
 @pytest.fixture(scope="module")

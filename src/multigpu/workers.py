@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from .collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
 from .costmodel import bus_bandwidth, ring_bytes_per_rank
-from .ddp import step_times
 
 # ----------------------------------------------------------------------------------
 # Ranks and processes: what launch.spawn does when all goes well, and when not
@@ -371,6 +370,8 @@ def scaling_measurements(
     one launch: ``dist.all_reduce`` times at ``sizes_bytes`` (none on one rank), then
     the median step time of ``model`` under DDP with its all-reduce ("synced") and
     without it ("no_sync") (12)."""
+    from .ddp import step_times  # here: importing ddp slows every rank's start by ~2 s
+
     rows = []
     if world_size > 1:
         rows = time_all_reduces(

@@ -143,6 +143,29 @@ def batch_indices(
     return batches
 
 
+def run_batches(
+    num_samples: int, config: TrainConfig, world_size: int = 1, rank: int = 0
+) -> tuple[list[torch.Tensor], int]:
+    """This rank's indices for every step of ``config.epochs`` epochs of full global
+    batches of ``config.batch_size`` (:func:`batch_indices`), and the number of
+    steps per epoch: the schedule every training loop of 08, 10 and 12 follows."""
+    steps_per_epoch = num_samples // config.batch_size  # full global batches
+    steps = config.epochs * steps_per_epoch
+    batches = batch_indices(
+        num_samples, config.batch_size, steps, world_size, rank, config.seed
+    )
+    return batches, steps_per_epoch
+
+
+def epoch_means(step_loss: list[float], steps_per_epoch: int) -> list[float]:
+    """The mean step loss of each epoch; every step's batch has the same size, so
+    a plain mean is the epoch's mean loss (08, 10, 12)."""
+    return [
+        sum(step_loss[first : first + steps_per_epoch]) / steps_per_epoch
+        for first in range(0, len(step_loss), steps_per_epoch)
+    ]
+
+
 def allreduce_sum(tensor: torch.Tensor, method: str = "ring") -> None:
     """Sum ``tensor`` over all ranks in place with the named all-reduce (08)."""
     if method == "naive":
@@ -235,15 +258,7 @@ def _train(
         model.parameters(), lr=config.lr, momentum=config.momentum
     )
     history = History(rank=rank, world_size=world_size)
-    steps_per_epoch = len(X) // config.batch_size  # full global batches
-    batches = batch_indices(
-        len(X),
-        config.batch_size,
-        config.epochs * steps_per_epoch,
-        world_size,
-        rank,
-        config.seed,
-    )
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     for epoch in range(config.epochs):
         start = time.perf_counter()
         first = epoch * steps_per_epoch

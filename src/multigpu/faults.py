@@ -73,18 +73,26 @@ def run_with_restarts(
     ``timeout`` seconds is stopped with every process it started.
     """
     check_positive_int("nproc_per_node", nproc_per_node)
+    args, launch = _restartable(folder, script_args, max_restarts, env)
     return run_torchrun(
-        MODULE,
-        nproc_per_node,
-        "--snapshot",
-        folder,
-        "--no-progress",
-        *script_args,
-        options=[f"--max-restarts={max_restarts}"],
-        env={**RELIABLE_RESTARTS, **dict(env or {})},
-        timeout=timeout,
-        check=False,
+        MODULE, nproc_per_node, *args, **launch, timeout=timeout, check=False
     )
+
+
+def _restartable(
+    folder: str | os.PathLike,
+    script_args: tuple[Any, ...],
+    max_restarts: int,
+    env: Mapping[str, str] | None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The script's arguments and torchrun's options and environment for a run
+    that snapshots into ``folder`` and may restart (11)."""
+    args = ["--snapshot", folder, "--no-progress", *script_args]
+    launch = {
+        "options": [f"--max-restarts={max_restarts}"],
+        "env": {**RELIABLE_RESTARTS, **dict(env or {})},
+    }
+    return args, launch
 
 
 def worker_pids(torchrun_pid: int, rank: int | None = None) -> list[int]:
@@ -132,17 +140,8 @@ def kill_rank_from_outside(
     deadline = time.monotonic() + timeout
     with ExitStack() as stack:
         log = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
-        process = start_torchrun(
-            MODULE,
-            nproc_per_node,
-            "--snapshot",
-            folder,
-            "--no-progress",
-            *script_args,
-            options=[f"--max-restarts={max_restarts}"],
-            env={**RELIABLE_RESTARTS, **dict(env or {})},
-            output=log,
-        )
+        args, launch = _restartable(folder, script_args, max_restarts, env)
+        process = start_torchrun(MODULE, nproc_per_node, *args, **launch, output=log)
         stack.callback(stop_torchrun, process)
         killed_at = None
         while process.poll() is None and time.monotonic() < deadline:

@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .allreduce_sgd import batch_indices, per_rank_batch_size
+from .allreduce_sgd import epoch_means, per_rank_batch_size, run_batches
 from .checks import check_choice, check_number, check_positive_int
 from .ddp import ENV_NAMES, NotLaunchedByTorchrunError, rank_device, reduce_value, setup
 from .miniddp import MB
@@ -583,15 +583,7 @@ def train(
     broadcast_parameters(model.state_dict(), root_rank=0)
     broadcast_optimizer_state(optimizer, root_rank=0)
     history = History(rank=rank(), world_size=size())
-    steps_per_epoch = len(X) // config.batch_size
-    batches = batch_indices(
-        len(X),
-        config.batch_size,
-        config.epochs * steps_per_epoch,
-        size(),
-        rank(),
-        config.seed,
-    )
+    batches, steps_per_epoch = run_batches(len(X), config, size(), rank())
     for indices in batches:
         optimizer.zero_grad()
         loss_sum = 0.0
@@ -601,9 +593,7 @@ def train(
             loss_sum += loss.item()
         optimizer.step()
         history.step_loss.append(loss_sum)
-    for epoch in range(config.epochs):
-        losses = history.step_loss[epoch * steps_per_epoch :][:steps_per_epoch]
-        history.train_loss.append(sum(losses) / len(losses))
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
     history.parameters = cpu_state_dict(model)
     return history
 

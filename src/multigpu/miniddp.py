@@ -56,7 +56,7 @@ from torch import nn
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce_sgd import batch_indices, max_parameter_difference
+from .allreduce_sgd import epoch_means, max_parameter_difference, run_batches
 from .checks import check_choice, check_number
 from .train import History, TrainConfig, cpu_state_dict
 
@@ -511,15 +511,7 @@ def train(
         wrapped.parameters(), lr=config.lr, momentum=config.momentum
     )
     history = History(rank=rank, world_size=world_size)
-    steps_per_epoch = len(X) // config.batch_size
-    batches = batch_indices(
-        len(X),
-        config.batch_size,
-        config.epochs * steps_per_epoch,
-        world_size,
-        rank,
-        config.seed,
-    )
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     for indices in batches:
         optimizer.zero_grad()
         chunks = indices.chunk(accumulation)
@@ -533,9 +525,7 @@ def train(
             loss_sum += loss.item() / len(chunks)
         optimizer.step()
         history.step_loss.append(loss_sum)
-    for epoch in range(config.epochs):
-        losses = history.step_loss[epoch * steps_per_epoch :][:steps_per_epoch]
-        history.train_loss.append(sum(losses) / len(losses))
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
     history.parameters = cpu_state_dict(wrapped.module)
     return history
 

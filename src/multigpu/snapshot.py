@@ -39,6 +39,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -282,7 +283,8 @@ def restart_figures(
     folder: str | os.PathLike, killed_at: float | None = None
 ) -> dict[str, float]:
     """How the first restart went, from the events of ``folder`` (11):
-    ``detect_s`` (from the kill until a surviving rank's collective failed),
+    ``detect_s`` (from the kill until a surviving rank's collective failed, or
+    torchrun stopped it),
     ``restart_s`` (until the new processes started), ``resume_s`` (until they had
     loaded the snapshot and were ready to train), all in seconds, and
     ``steps_lost`` (steps done before the kill and done again after it).
@@ -404,6 +406,7 @@ def train_with_snapshots(
             log(f"restart {restart}: no snapshot yet, starting at step 0")
     history = History(rank=rank, world_size=world_size)
     global_step = position.global_step
+    restore = _note_termination(folder, rank)
     try:
         for epoch in range(position.epoch, config.epochs):
             first = epoch == position.epoch
@@ -455,7 +458,26 @@ def train_with_snapshots(
     except Exception as error:  # a peer died or hung: note when, then fail
         record_event(folder, "failed", rank=rank, error=type(error).__name__)
         raise
+    finally:
+        restore()
     return _finish(history, model)
+
+
+def _note_termination(folder: Path, rank: int) -> Callable[[], None]:
+    """Make a SIGTERM (what torchrun sends the surviving ranks when one died, maybe
+    before their next collective has failed) note a "failed" event, then end the
+    process by SIGTERM as before. Returns what puts the previous handler back; only
+    the main thread can set one, elsewhere nothing changes (11)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminated(signum: int, frame: Any) -> None:
+        record_event(folder, "failed", rank=rank, error="SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _finish(history: History, model: nn.Module) -> History:

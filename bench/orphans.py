@@ -1,6 +1,6 @@
 """Do the ranks end when the process that called spawn is killed? And how fast?
 
-    python bench/orphans.py                 # script SIGKILL, script SIGTERM, kernel
+    python bench/orphans.py                 # a script, then a kernel: SIGKILL, SIGTERM
     python bench/orphans.py --repeats 3
 
 A caller (a script, or a real Jupyter kernel) calls ``launch.spawn`` on
@@ -145,10 +145,12 @@ def kill_a_script(how: signal.Signals, workdir: Path, world_size: int = 2) -> Or
     return result
 
 
-def kill_a_kernel(workdir: Path, world_size: int = 2) -> Orphans:
+def kill_a_kernel(
+    workdir: Path, world_size: int = 2, how: signal.Signals = signal.SIGKILL
+) -> Orphans:
     """A Jupyter kernel (ipykernel on this Python, as JupyterLab starts it) calls
-    spawn; kill the kernel with SIGKILL, as the out-of-memory killer does, once the
-    ranks run."""
+    spawn; kill the kernel with ``how`` once the ranks run (SIGKILL, as the
+    out-of-memory killer does; SIGTERM, as ``kill PID`` does)."""
     from ipykernel.kernelspec import RESOURCES, get_kernel_dict
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import KernelManager
@@ -184,9 +186,7 @@ def kill_a_kernel(workdir: Path, world_size: int = 2) -> Orphans:
                     return "\n".join(message["content"]["traceback"])
 
         ranks = _wait_for_pids(pid_dir, world_size, failed)
-        return _kill_and_watch(
-            kernel_pid, signal.SIGKILL, ranks, "Jupyter kernel, SIGKILL"
-        )
+        return _kill_and_watch(kernel_pid, how, ranks, f"Jupyter kernel, {how.name}")
     finally:
         client.stop_channels()
         try:
@@ -215,7 +215,8 @@ def main() -> None:
     print("-" * len(header))
     runs = [lambda d: kill_a_script(signal.SIGKILL, d, options.world_size)]
     runs.append(lambda d: kill_a_script(signal.SIGTERM, d, options.world_size))
-    runs.append(lambda d: kill_a_kernel(d, options.world_size))
+    runs.append(lambda d: kill_a_kernel(d, options.world_size, signal.SIGKILL))
+    runs.append(lambda d: kill_a_kernel(d, options.world_size, signal.SIGTERM))
     for run in runs * options.repeats:
         with TemporaryDirectory() as workdir:
             result = run(Path(workdir))

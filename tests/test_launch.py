@@ -399,8 +399,9 @@ def test_ranks_end_when_the_script_that_called_spawn_is_killed(how, tmp_path):
     _check_no_orphans(_orphans().kill_a_script(how, tmp_path))
 
 
-def test_ranks_end_when_the_jupyter_kernel_that_called_spawn_is_killed(tmp_path):
-    _check_no_orphans(_orphans().kill_a_kernel(tmp_path))
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_ranks_end_when_the_jupyter_kernel_that_called_spawn_is_killed(how, tmp_path):
+    _check_no_orphans(_orphans().kill_a_kernel(tmp_path, how=how))
 
 
 def test_eight_launches_at_once_do_not_clash(no_leftovers):

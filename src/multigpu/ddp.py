@@ -83,6 +83,10 @@ class NotLaunchedByTorchrunError(RuntimeError):
     """The script was started without torchrun: RANK etc. are not set (09)."""
 
 
+class NotEnoughGPUsError(RuntimeError):
+    """nccl with more ranks on this machine than it has GPUs (09)."""
+
+
 @dataclass(frozen=True)
 class RankEnv:
     """Who this process is, as torchrun tells it through the environment (09)."""
@@ -130,6 +134,14 @@ def setup(backend: str = "auto") -> tuple[RankEnv, torch.device]:
     check_choice("backend", backend, ("gloo", "nccl"))
     device = torch.device("cpu")
     if backend == "nccl":
+        gpus = torch.cuda.device_count()
+        if env.local_rank >= gpus:
+            raise NotEnoughGPUsError(
+                f"nccl needs one GPU per rank, but this is local rank "
+                f"{env.local_rank} on a machine with {gpus} GPU(s) visible. Start at "
+                f"most {gpus} processes per node (torchrun --nproc-per-node={gpus}), "
+                "or pass --backend gloo."
+            )
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
@@ -713,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         env, device = setup(args.backend)
-    except NotLaunchedByTorchrunError as error:
+    except (NotLaunchedByTorchrunError, NotEnoughGPUsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:

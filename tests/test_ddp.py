@@ -305,6 +305,29 @@ def test_type_bool_trap_and_the_fix():
         ddp.parse_args(["--sync-bn", "False"])  # a value is refused, not misread
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--snapshot", "d", "--snapshot-every", "0"],
+            "--snapshot-every must be an integer of at least 1, got 0. Pass the "
+            "number of steps between snapshots, e.g. 5.",
+        ),
+        (
+            ["--samples", "-3"],
+            "--samples must be an integer of at least 1, got -3. Pass how many "
+            "training digits to use, or leave --samples out for all.",
+        ),
+    ],
+)
+def test_counts_below_one_stop_the_script_with_the_fix(capsys, argv, message):
+    with pytest.raises(SystemExit) as caught:
+        ddp.parse_args(argv)
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+    assert ddp.parse_args(["--samples", "1"]).samples == 1
+
+
 def test_read_rank_env_says_to_use_torchrun():
     env = ddp.read_rank_env({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
     assert env == ddp.RankEnv(rank=1, local_rank=1, world_size=2)

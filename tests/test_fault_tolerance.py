@@ -148,7 +148,10 @@ def test_the_script_refuses_options_that_do_not_go_together(capsys):
         (["--kill-rank", "1", "--kill-at-step", "3"], "needs --snapshot DIR"),
         (["--snapshot", "d", "--kill-rank", "1"], "go together"),
         (["--snapshot", "d", "--amp"], "does not combine with --amp"),
-        (["--snapshot", "d", "--snapshot-every", "0"], "must be 1 or more"),
+        (
+            ["--snapshot", "d", "--snapshot-every", "0"],
+            "must be an integer of at least 1",
+        ),
     ]:
         with pytest.raises(SystemExit):
             ddp.parse_args(argv)

@@ -2,7 +2,6 @@
 leftovers (not even when the caller of spawn is killed)."""
 
 import importlib.util
-import inspect
 import signal
 import sys
 import time
@@ -124,8 +123,22 @@ def test_a_worker_from_a_notebook_is_refused_before_any_process_starts():
 
 
 def test_bad_arguments_give_clear_errors():
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError) as caught:
         spawn(workers.whoami, 0)
+    assert str(caught.value) == (
+        "world_size must be an integer of at least 1, got 0. Ask for as many "
+        "processes as you want ranks."
+    )
+    with pytest.raises(ValueError, match="world_size must be an integer"):
+        spawn(workers.whoami, 2.0)
+    with pytest.raises(ValueError) as caught:
+        spawn(workers.whoami, 1, threads=0)
+    assert str(caught.value) == (
+        "threads must be an integer of at least 1, got 0. Pass how many CPU "
+        "threads each rank may use, e.g. threads=1."
+    )
+    with pytest.raises(ValueError, match="threads must be an integer"):
+        run_torchrun("multigpu.workers", 1, threads=True)
     with pytest.raises(ValueError, match="timeout"):
         spawn(workers.whoami, 1, timeout=0)
     with pytest.raises(ValueError, match="Unknown backend"):
@@ -245,9 +258,29 @@ def test_a_rank_stuck_outside_collectives_is_stopped_at_the_deadline(no_leftover
     assert error.traceback in str(error.__cause__)
 
 
-def test_the_default_deadline_is_generous_but_finite():
-    default = inspect.signature(spawn).parameters["deadline"].default
-    assert default == launch.DEFAULT_DEADLINE_S == 300.0
+def test_without_a_deadline_argument_a_stuck_launch_is_still_stopped(
+    no_leftovers, monkeypatch
+):
+    # spawn binds its default deadline when it is defined, so patching the module's
+    # constant would not reach it: instead the parent's clock runs 1000 times fast
+    # (the ranks keep the real one). The default of 300 s then passes in 0.3 s; a
+    # default of None, or of more than an hour, would let the sleeping rank return
+    # after its 5 s, and spawn would return [-1] instead of raising.
+    real = time.monotonic
+    started = real()
+    fast_clock = type(time)("fast_clock")
+    fast_clock.monotonic = lambda: started + 1000 * (real() - started)
+    monkeypatch.setattr(launch, "time", fast_clock)
+    with pytest.raises(DeadlineExceededError) as caught:
+        spawn(workers.skip_collective, 1, 0, 5.0)  # rank 0 sleeps 5 s, then returns
+    assert real() - started < 5.0  # stopped before the rank could return
+    error = caught.value
+    assert error.deadline == launch.DEFAULT_DEADLINE_S
+    assert str(error).startswith(
+        f"The launch did not finish within its deadline of "
+        f"{launch.DEFAULT_DEADLINE_S:g} s: rank 0 of 1 still running."
+    )
+    assert error.missing_ranks == [0]
 
 
 def test_ranks_that_all_wait_for_each_other_time_out(no_leftovers):

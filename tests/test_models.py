@@ -25,11 +25,34 @@ def test_batch_norm_variant_has_running_statistics():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"width": 0}, {"num_classes": -1}, {"in_channels": 1.5}]
+    "kwargs, message",
+    [
+        (
+            {"width": 0},
+            "width must be an integer of at least 1, got 0. Pass a whole "
+            "number, e.g. ConvNet(width=16).",
+        ),
+        (
+            {"num_classes": -1},
+            "num_classes must be an integer of at least 1, got "
+            "-1. Pass a whole number, e.g. ConvNet(num_classes=10).",
+        ),
+        (
+            {"in_channels": 1.5},
+            "in_channels must be an integer of at least 1, got "
+            "1.5. Pass a whole number, e.g. ConvNet(in_channels=1).",
+        ),
+        (
+            {"width": True},
+            "width must be an integer of at least 1, got True. Pass "
+            "a whole number, e.g. ConvNet(width=16).",
+        ),
+    ],
 )
-def test_bad_sizes_are_clear_errors(kwargs):
-    with pytest.raises(ValueError, match=r"ConvNet needs \w+ >= 1"):
+def test_bad_sizes_are_clear_errors(kwargs, message):
+    with pytest.raises(ValueError) as caught:
         ConvNet(**kwargs)
+    assert str(caught.value) == message
 
 
 def test_resnet_adapts_to_grey_images():

@@ -6,7 +6,7 @@ import torch
 from multigpu.data import get_dataset, make_loader, tensors
 from multigpu.models import ConvNet
 from multigpu.reproducibility import set_seed
-from multigpu.train import History, TrainConfig, evaluate, train
+from multigpu.train import History, TrainConfig, evaluate, evaluation_sums, train
 
 
 def run(epochs=2, progress=False):
@@ -92,6 +92,24 @@ def test_evaluate_one_batch_of_tensors_equals_the_loader():
     X, y = tensors(dataset)  # (360, 1, 8, 8), (360,)
     by_loader = evaluate(model, make_loader(dataset, 100, shuffle=False))
     assert evaluate(model, [(X, y)]) == pytest.approx(by_loader, rel=1e-5)
+
+
+def test_evaluation_sums_of_parts_add_up_to_the_whole():
+    set_seed(0)
+    model = ConvNet().train()
+    X, y = tensors(get_dataset("digits", train=False))  # (360, 1, 8, 8), (360,)
+    batches = [(X[:100], y[:100]), (X[100:250], y[100:250]), (X[250:], y[250:])]
+    loss, correct, count = evaluation_sums(model, batches)
+    assert model.training  # restored
+    assert count == 360 and isinstance(correct, int)
+    expected = torch.nn.functional.cross_entropy(model.eval()(X), y, reduction="sum")
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    assert correct == (model(X).argmax(dim=1) == y).sum().item()
+    parts = [evaluation_sums(model, [batch]) for batch in batches]
+    assert sum(part[0] for part in parts) == loss  # the same additions, in order
+    assert [sum(part[i] for part in parts) for i in (1, 2)] == [correct, count]
+    assert evaluate(model, batches) == (loss / count, correct / count)
+    assert evaluation_sums(model, []) == (0.0, 0, 0)  # an empty shard adds nothing
 
 
 def test_evaluate_given_parameters_leaves_the_model_unchanged():

@@ -32,8 +32,9 @@ FSDP; notebook 13, :mod:`multigpu.zero`) uses on their own:
 Unlike PyTorch's, both accept chunks of unequal sizes, cut as
 ``tensor.tensor_split(world_size)`` cuts (:func:`ring_chunk_sizes`), so a buffer
 whose length the world size does not divide needs no padding.
-:func:`reduce_scatter_bytes_per_rank` and :func:`all_gather_bytes_per_rank` give the
-bytes each sends: (n-1)/n·S, half of a ring all-reduce.
+:func:`multigpu.costmodel.reduce_scatter_bytes_per_rank` and
+:func:`multigpu.costmodel.all_gather_bytes_per_rank` give the bytes each sends:
+(n-1)/n·S, half of a ring all-reduce.
 
 The PyTorch functions these are built from, and the ``all_reduce`` they are compared
 with, are in
@@ -289,25 +290,6 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> int:
     if flat.data_ptr() != output.data_ptr():
         output.copy_(flat.view_as(output))
     return sent
-
-
-def reduce_scatter_bytes_per_rank(
-    numel: int, element_size: int, world_size: int, rank: int
-) -> int:
-    """Exact bytes ``rank`` sends in :func:`reduce_scatter` of ``numel`` elements:
-    every chunk once except its own, (n-1)/n·S when n divides ``numel`` (13)."""
-    sizes = ring_chunk_sizes(numel, world_size)
-    return (numel - sizes[rank]) * element_size
-
-
-def all_gather_bytes_per_rank(
-    numel: int, element_size: int, world_size: int, rank: int
-) -> int:
-    """Exact bytes ``rank`` sends in :func:`all_gather` into ``numel`` elements:
-    every chunk once except the one of its right neighbour, the last to arrive
-    (13)."""
-    sizes = ring_chunk_sizes(numel, world_size)
-    return (numel - sizes[(rank + 1) % world_size]) * element_size
 
 
 # ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Taught in ``notebooks/07_collectives_from_scratch.ipynb``, next to the bytes and
 times measured with :mod:`multigpu.collectives`; notebook 12 extends this module
-into the cost model of data-parallel training, so new formulas belong here.
+into the cost model of data-parallel training, and notebook 13 adds the memory and
+traffic of the ZeRO stages, so new formulas belong here.
 
 For a tensor of S bytes all-reduced on n ranks:
 
@@ -28,6 +29,33 @@ For a tensor of S bytes all-reduced on n ranks:
   (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
   algbw = S/t; for all-reduce busbw = algbw·2(n-1)/n, the number to compare with a
   link's bandwidth and across world sizes.
+
+Reduce-scatter, all-gather and the ZeRO stages (13)
+---------------------------------------------------
+
+The ring's two halves (``collectives.reduce_scatter`` and ``collectives.all_gather``)
+each send every chunk once except one: (n-1)/n·S, half of a ring all-reduce
+(:func:`reduce_scatter_bytes_per_rank`, :func:`all_gather_bytes_per_rank`).
+
+ZeRO ("Zero Redundancy Optimizer", Rajbhandari et al., 2020) cuts Adam's training
+state into N shards, one stage at a time. Each rank keeps, per parameter, in
+float32 (value 4, gradient 4, Adam's two moments 8 bytes):
+
+============  =================================  ========================
+stage         what is cut into N shards          bytes per parameter (fp32)
+============  =================================  ========================
+``"DDP"``     nothing                            4 + 4 + 8 = 16
+``"ZeRO-1"``  the optimizer state                4 + 4 + 8/N
+``"ZeRO-2"``  optimizer state and gradients      4 + (4 + 8)/N
+``"ZeRO-3"``  everything, parameters included    (4 + 4 + 8)/N
+============  =================================  ========================
+
+The paper's mixed-precision version keeps 2 + 2 + 12 (fp16 parameters and gradients;
+an fp32 copy of the parameters and the two fp32 moments):
+:func:`zero_bytes_per_parameter`, and times the parameter count
+:func:`zero_memory_ledger`. What each stage sends per step, in passes of
+(n-1)/n·S: :func:`zero_bytes_sent_theory`; counted chunk by chunk as
+:mod:`multigpu.zero` sends it: :func:`zero_bytes_sent_per_rank`.
 
 The step time of data-parallel training (12)
 --------------------------------------------
@@ -84,11 +112,18 @@ orders of magnitude, not specifications. Sources:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from .checks import check_choice, check_positive_int
 from .collectives import ring_chunk_sizes
 from .reproducibility import round_sig
+
+# The ZeRO stages by what each rank keeps whole (13), the paper's two ways of
+# counting bytes, and the rows of a memory ledger.
+ZERO_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+ZERO_PRECISIONS = ("fp32", "mixed")
+LEDGER_CATEGORIES = ("parameters", "gradients", "optimizer", "gathered")
 
 
 def naive_bytes_per_rank(nbytes: int, world_size: int, rank: int) -> int:
@@ -115,6 +150,26 @@ def ring_bytes_theory(nbytes: float, world_size: int) -> float:
     """2(n-1)/n · S: what each rank sends in a ring all-reduce (exact when n
     divides the element count) (07)."""
     return 2 * (world_size - 1) / world_size * nbytes
+
+
+def reduce_scatter_bytes_per_rank(
+    numel: int, element_size: int, world_size: int, rank: int
+) -> int:
+    """Exact bytes ``rank`` sends in ``collectives.reduce_scatter`` of ``numel``
+    elements: every chunk once except its own, (n-1)/n·S when n divides ``numel``
+    (13)."""
+    sizes = ring_chunk_sizes(numel, world_size)
+    return (numel - sizes[rank]) * element_size
+
+
+def all_gather_bytes_per_rank(
+    numel: int, element_size: int, world_size: int, rank: int
+) -> int:
+    """Exact bytes ``rank`` sends in ``collectives.all_gather`` into ``numel``
+    elements: every chunk once except the one of its right neighbour, the last to
+    arrive (13)."""
+    sizes = ring_chunk_sizes(numel, world_size)
+    return (numel - sizes[(rank + 1) % world_size]) * element_size
 
 
 def tree_steps(world_size: int) -> int:
@@ -205,6 +260,87 @@ def fit_alpha_beta(rows: Iterable[Mapping[str, float]]) -> tuple[float, float]:
             "a quieter machine."
         )
     return alpha, 1.0 / inverse_bandwidth
+
+
+# ----------------------------------------------------------------------------------
+# ZeRO: what each rank keeps and sends (13)
+
+
+def zero_bytes_per_parameter(
+    stage: str, world_size: int, precision: str = "fp32"
+) -> dict[str, float]:
+    """The ZeRO paper's bytes per parameter that each of ``world_size`` ranks
+    keeps under ``stage``, by category: fp32 Adam 4 + 4 + 8, mixed precision
+    2 + 2 + 12 (13)."""
+    check_choice("stage", stage, ZERO_STAGES)
+    check_positive_int("world_size", world_size)
+    check_choice("precision", precision, ZERO_PRECISIONS)
+    parameters, gradients, optimizer = (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+    level = ZERO_STAGES.index(stage)  # 0 for DDP, 3 for ZeRO-3
+    return {
+        "parameters": parameters / (world_size if level >= 3 else 1),
+        "gradients": gradients / (world_size if level >= 2 else 1),
+        "optimizer": optimizer / (world_size if level >= 1 else 1),
+        "gathered": 0.0,
+    }
+
+
+def zero_memory_ledger(
+    stage: str,
+    world_size: int,
+    num_parameters: float,
+    precision: str = "fp32",
+    element_size: int = 4,
+) -> dict[str, float]:
+    """Bytes each rank keeps by category: :func:`zero_bytes_per_parameter` times
+    ``num_parameters``; for fp32, ``element_size=8`` counts float64 instead
+    (8 + 8 + 16) (13)."""
+    per_parameter = zero_bytes_per_parameter(stage, world_size, precision)
+    scale = element_size / 4 if precision == "fp32" else 1
+    return {
+        name: value * num_parameters * scale for name, value in per_parameter.items()
+    }
+
+
+def zero_bytes_sent_theory(stage: str, nbytes: float, world_size: int) -> float:
+    """Bytes each rank sends per step for a model of ``nbytes`` of parameters:
+    2(n-1)/n·S for DDP and ZeRO-2, 3(n-1)/n·S for ZeRO-1 (as :mod:`multigpu.zero`
+    writes it: an all-reduce, then an all-gather) and ZeRO-3 (two all-gathers and a
+    reduce-scatter) (13)."""
+    check_choice("stage", stage, ZERO_STAGES)
+    check_positive_int("world_size", world_size)
+    passes = 3 if stage in ("ZeRO-1", "ZeRO-3") else 2  # passes of (n-1)/n·S
+    return passes * (world_size - 1) / world_size * nbytes
+
+
+def zero_bytes_sent_per_rank(
+    stage: str,
+    layer_numels: Sequence[int],
+    element_size: int,
+    world_size: int,
+    rank: int,
+) -> int:
+    """Exact bytes ``rank`` sends in one step of ``stage`` as :mod:`multigpu.zero`
+    runs it, counted chunk by chunk; ``layer_numels`` are the parameters per layer
+    (ZeRO-3 gathers layer by layer, the others move one flat buffer) (13)."""
+    check_choice("stage", stage, ZERO_STAGES)
+    args = (element_size, world_size, rank)
+    total = sum(layer_numels)
+    if stage == "DDP":
+        return ring_bytes_per_rank(total, *args)
+    if stage == "ZeRO-1":
+        return ring_bytes_per_rank(total, *args) + all_gather_bytes_per_rank(
+            total, *args
+        )
+    if stage == "ZeRO-2":
+        return reduce_scatter_bytes_per_rank(total, *args) + all_gather_bytes_per_rank(
+            total, *args
+        )
+    return sum(
+        2 * all_gather_bytes_per_rank(numel, *args)
+        + reduce_scatter_bytes_per_rank(numel, *args)
+        for numel in layer_numels
+    )
 
 
 # ----------------------------------------------------------------------------------
@@ -317,11 +453,6 @@ class StepTime:
         return self.world_size * self.batch / self.total
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}.")
-
-
 def bucket_exposed_time(
     bucket_seconds: float, buckets: int, backward_seconds: float
 ) -> float:
@@ -346,8 +477,8 @@ def ddp_step(
     ring all-reduces over ``link``. Without ``overlap`` the hidden part follows
     from the buckets' schedule (:func:`bucket_exposed_time`); with it, that fraction
     of the communication is hidden, at most the backward time (12)."""
-    _check_positive("world_size", world_size)
-    _check_positive("buckets", buckets)
+    check_positive_int("world_size", world_size, "Pass a number of devices, e.g. 8.")
+    check_positive_int("buckets", buckets, "Pass e.g. buckets=1: one all-reduce.")
     if world_size == 1:  # DDP on one device does not communicate
         return StepTime("DDP", 1, workload.batch, workload.compute, 0.0)
     per_bucket = alpha_beta_time(
@@ -378,7 +509,7 @@ def dataparallel_step(
     (N-1)·α + G/B), scatter of the inputs and gather of the outputs through device
     0, none of it overlapped; ``host`` seconds of Python work per replica done one
     thread at a time (12)."""
-    _check_positive("world_size", world_size)
+    check_positive_int("world_size", world_size, "Pass a number of devices, e.g. 8.")
     if world_size == 1:  # DataParallel on one device calls the module directly
         return StepTime("DataParallel", 1, workload.batch, workload.compute, 0.0)
     others = world_size - 1

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from torchvision.transforms import v2
 
 from .checks import check_positive_int
 
@@ -77,6 +76,10 @@ def dataset_info(name: str) -> DatasetInfo:
 
 def default_transform(name: str) -> Callable:
     """Image (PIL or HxW array) -> normalised float tensor (C, H, W) (01)."""
+    # torchvision is imported here, not at the top: importing it costs about 1.4 s,
+    # which every rank of a launch would pay at start-up without needing it.
+    from torchvision.transforms import v2
+
     info = dataset_info(name)
     return v2.Compose(
         [

@@ -69,7 +69,7 @@ from .checkpoint import load_checkpoint, save_checkpoint, unwrap
 from .checks import check_choice, check_positive_int
 from .devices import choose_backend
 from .launch import DEFAULT_DEADLINE_S, TorchrunError, run_torchrun, spawn
-from .train import BAR_FORMAT, History, TrainConfig, cpu_state_dict
+from .train import BAR_FORMAT, History, TrainConfig, cpu_state_dict, evaluation_sums
 
 COMMAND = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2"
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun sets in every rank
@@ -255,23 +255,14 @@ def exact_shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
 def _sums(
     model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> torch.Tensor:
-    """[sum of losses, correct, count] of ``model`` on X, y as a float64 tensor."""
+    """[sum of losses, correct, count] of ``model`` on X, y as a float64 tensor,
+    from :func:`multigpu.train.evaluation_sums` over batches of ``batch_size``."""
     module = unwrap(model)  # no DDP forward: it may sync buffers, a collective
-    device = next(module.parameters()).device
-    was_training = module.training
-    module.eval()
-    sums = torch.zeros(3, dtype=torch.float64)
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            xb = X[start : start + batch_size].to(device)
-            yb = y[start : start + batch_size].to(device)
-            logits = module(xb)  # (batch, classes)
-            loss = nn.functional.cross_entropy(logits, yb, reduction="sum")
-            sums[0] += loss.item()
-            sums[1] += (logits.argmax(dim=1) == yb).sum().item()
-            sums[2] += len(yb)
-    module.train(was_training)
-    return sums
+    batches = (
+        (X[start : start + batch_size], y[start : start + batch_size])
+        for start in range(0, len(y), batch_size)
+    )
+    return torch.tensor(evaluation_sums(module, batches), dtype=torch.float64)
 
 
 def evaluate_distributed(
@@ -695,13 +686,30 @@ def _check_snapshot_args(
                 "snapshot loop (multigpu.snapshot) keeps to plain SGD with momentum. "
                 "Leave these options out, or leave out --snapshot."
             )
-        if args.snapshot_every < 1:
-            parser.error(
-                f"--snapshot-every must be 1 or more, got {args.snapshot_every}. "
-                "Pass the number of steps between snapshots, e.g. 5."
-            )
-    if args.samples is not None and args.samples < 1:
-        parser.error(f"--samples must be 1 or more, got {args.samples}.")
+        _check_positive_option(
+            parser,
+            "--snapshot-every",
+            args.snapshot_every,
+            "Pass the number of steps between snapshots, e.g. 5.",
+        )
+    if args.samples is not None:
+        _check_positive_option(
+            parser,
+            "--samples",
+            args.samples,
+            "Pass how many training digits to use, or leave --samples out for all.",
+        )
+
+
+def _check_positive_option(
+    parser: argparse.ArgumentParser, option: str, value: int, how_to_fix: str
+) -> None:
+    """Stop the script with the parser's usage and check_positive_int's message
+    unless ``value`` is 1 or more (11)."""
+    try:
+        check_positive_int(option, value, how_to_fix)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def build_model(sync_bn: bool, device: torch.device) -> nn.Module:

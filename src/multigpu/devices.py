@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_positive_int
+
 SIMULATED_PREFIX = "gpu"
 
 
@@ -80,12 +82,11 @@ def list_devices() -> list[DeviceInfo]:
 def simulated_devices(count: int) -> list[Device]:
     """``count`` simulated GPUs named "gpu:0".."gpu:{count-1}", all computing on
     the CPU (02-06)."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(
-            f"simulated_devices needs a count of at least 1, got {count!r}. "
-            "Ask for as many devices as you want to simulate, e.g. "
-            "simulated_devices(4)."
-        )
+    check_positive_int(
+        "count",
+        count,
+        "Ask for as many devices as you want to simulate, e.g. simulated_devices(4).",
+    )
     return [
         Device(f"{SIMULATED_PREFIX}:{i}", torch.device("cpu")) for i in range(count)
     ]

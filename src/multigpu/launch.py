@@ -14,8 +14,9 @@ own launchers; this module stands in for them where they do not fit a notebook:
   :func:`run_torchrun` runs it as a subprocess and returns what it printed.
 
 ``notebooks/07_collectives_from_scratch.ipynb`` shows how to use it; every notebook
-and test that runs real processes does. The workers it runs live in
-:mod:`multigpu.workers`. What follows is the exact contract, then the code: the
+and test that runs real processes does. The workers of notebooks 07-08 and of the
+tests live in :mod:`multigpu.workers`; each recipe module (``ddp``, ``zero``, ...)
+keeps its own. What follows is the exact contract, then the code: the
 child side (what runs in each rank), the parent side, how the parent turns what it
 saw into one error, and torchrun.
 
@@ -132,6 +133,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from .checks import check_positive_int
 
 HOST = "127.0.0.1"
 # "forkserver": children forked from a server process that imported torch once;
@@ -504,16 +507,15 @@ def _check_seconds(name: str, value: Any, none_means: str) -> None:
 
 
 def _check_arguments(world_size: int, timeout: float | None, threads: int) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {world_size!r}.")
-    if world_size < 1:
-        raise ValueError(
-            f"world_size must be at least 1, got {world_size}. "
-            "Ask for as many processes as you want ranks."
-        )
+    check_positive_int(
+        "world_size", world_size, "Ask for as many processes as you want ranks."
+    )
     _check_seconds("timeout", timeout, "no timeout")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}.")
+    check_positive_int(
+        "threads",
+        threads,
+        "Pass how many CPU threads each rank may use, e.g. threads=1.",
+    )
 
 
 def _laptop_environment(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checks import check_positive_int
+
 
 class ConvNet(nn.Module):
     """Two 3x3 conv layers, adaptive pooling and a linear classifier.
@@ -29,13 +31,14 @@ class ConvNet(nn.Module):
         batch_norm: bool = False,
     ) -> None:
         super().__init__()
-        for label, value in (
-            ("in_channels", in_channels),
-            ("num_classes", num_classes),
-            ("width", width),
+        for label, value, default in (
+            ("in_channels", in_channels, 1),
+            ("num_classes", num_classes, 10),
+            ("width", width, 16),
         ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ConvNet needs {label} >= 1, got {value!r}.")
+            check_positive_int(
+                label, value, f"Pass a whole number, e.g. ConvNet({label}={default})."
+            )
 
         def block(cin: int, cout: int) -> list[nn.Module]:
             norm = [nn.BatchNorm2d(cout)] if batch_norm else []

@@ -104,6 +104,37 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def evaluation_sums(
+    model: nn.Module, batches: Batches, device: torch.device | None = None
+) -> tuple[float, int, int]:
+    """``(sum of cross-entropy losses, correct predictions, samples)`` of ``model``
+    over labelled ``batches``, in eval mode and without gradients (01, 09).
+
+    Sums rather than means, so that sums over parts (the ranks' shards in 09) add
+    up to the sums over the whole. The loss is added up batch by batch as a Python
+    float (float64). ``device``: where the batches go (the model must be there); by
+    default, where the model's weights are. The model's training mode is restored.
+    """
+    if device is None:
+        weight = next(model.parameters(), None)
+        device = weight.device if weight is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    try:
+        with torch.no_grad():
+            for X, y in batches:
+                X, y = X.to(device), y.to(device)
+                logits = model(X)  # (batch, classes)
+                loss = nn.functional.cross_entropy(logits, y, reduction="sum")
+                total_loss += loss.item()
+                correct += (logits.argmax(dim=1) == y).sum().item()
+                count += len(y)
+    finally:
+        model.train(was_training)
+    return total_loss, correct, count
+
+
 def evaluate(
     model: nn.Module,
     batches: Batches,
@@ -116,27 +147,13 @@ def evaluate(
     ``parameters``: a state_dict to evaluate instead of the model's own weights;
     ``model`` then only gives the architecture and is not changed.
     ``device``: where the batches go (the model must be there); by default, where
-    the model's weights are.
+    the model's weights are. The sums behind the means: :func:`evaluation_sums`.
     """
     if parameters is not None:
         model = copy.deepcopy(model)  # the caller's model keeps its weights
         model.load_state_dict(parameters)
-    if device is None:
-        weight = next(model.parameters(), None)
-        target = weight.device if weight is not None else torch.device("cpu")
-    else:
-        target = resolve_device(device).torch_device
-    was_training = model.training
-    model.eval()
-    total_loss, correct, count = 0.0, 0, 0
-    with torch.no_grad():
-        for X, y in batches:
-            X, y = X.to(target), y.to(target)
-            logits = model(X)  # (batch, classes)
-            total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            correct += (logits.argmax(dim=1) == y).sum().item()
-            count += len(y)
-    model.train(was_training)
+    target = None if device is None else resolve_device(device).torch_device
+    total_loss, correct, count = evaluation_sums(model, batches, target)
     if count == 0:
         raise ValueError(
             "evaluate got no samples: the batches are empty. Pass a DataLoader over "

@@ -16,14 +16,17 @@ stage         what is cut into N shards          bytes per parameter (fp32)
 ============  =================================  ========================
 
 The paper's mixed-precision version keeps 2 + 2 + 12 (fp16 parameters and gradients;
-an fp32 copy of the parameters and the two fp32 moments): :func:`formula_ledger`.
+an fp32 copy of the parameters and the two fp32 moments). These formulas, and the
+bytes each stage sends, are in :mod:`multigpu.costmodel`
+(``zero_bytes_per_parameter``, ``zero_memory_ledger``, ``zero_bytes_sent_theory``,
+``zero_bytes_sent_per_rank``).
 
 How the stages work here, all with Adam, all built from the hand-written collectives
 of :mod:`multigpu.collectives`:
 
-- **DDP, ZeRO-1, ZeRO-2** (:func:`ddp_step`, :func:`zero1_step`, :func:`zero2_step`)
-  keep the whole model on every rank, its parameters moved into one flat buffer
-  (:func:`flatten_parameters`). The buffer is cut into N chunks as
+- **DDP, ZeRO-1, ZeRO-2** (:func:`ddp_flat_step`, :func:`zero1_step`,
+  :func:`zero2_step`) keep the whole model on every rank, its parameters moved into
+  one flat buffer (:func:`flatten_parameters`). The buffer is cut into N chunks as
   ``tensor_split(N)`` cuts it, so the parameter count need not divide by N. Adam
   updates ``shard``: the whole buffer (DDP) or this rank's chunk of it (ZeRO-1, -2),
   a view into the buffer. ZeRO-1 all-reduces the gradient like DDP and then uses
@@ -38,18 +41,29 @@ of :mod:`multigpu.collectives`:
   explicit CPU device mesh; its parameters are ``DTensor`` s whose rows are split
   over the ranks (:func:`describe_shards`), and ``torch.distributed.checkpoint``
   saves one file per rank, which :func:`load_sharded_checkpoint` reads back into an
-  ordinary model in one process.
+  ordinary model in one process, and :func:`load_fsdp2_checkpoint` into FSDP2
+  on any number of ranks.
+
+Training reads the series' :class:`~multigpu.train.TrainConfig` (``epochs``,
+``batch_size`` (the global batch), ``lr``, ``seed``; ``momentum``, ``allreduce``
+and ``reduction`` are not used) and follows notebook 08's batches
+(:func:`~multigpu.allreduce_sgd.run_batches`). The optimizer is
+``torch.optim.Adam(parameters, lr=config.lr)``: Adam's other hyper-parameters are
+PyTorch's defaults, betas (0.9, 0.999), eps 1e-8, no weight decay. Every run
+returns a :class:`~multigpu.train.History`; a rank of a sharded run returns a
+:class:`ShardedHistory`, a History with what the rank measured.
 
 Every rank measures what it holds after a step (:func:`measure_ledger`, on the
 tensors themselves: the memory behind each one, a buffer counted once) and the
-bytes it sent (:func:`exact_bytes_sent` gives the count it must equal). gloo has no
-reduce-scatter of its own (it runs a full all-reduce and keeps a part), so timing
-gloo says nothing about the volumes: they come from the hand-written collectives and
-the formulas (:func:`formula_bytes_sent`).
+bytes it sent (``costmodel.zero_bytes_sent_per_rank`` gives the count it must
+equal). gloo has no reduce-scatter of its own (it runs a full all-reduce and keeps a
+part), so timing gloo says nothing about the volumes: they come from the
+hand-written collectives and the formulas (``costmodel.zero_bytes_sent_theory``).
+The figure of the ledgers is :func:`multigpu.plots.plot_zero_ledgers`.
 
 The rank functions that ``multigpu.launch.spawn`` runs live in this module:
-:func:`stages_worker`, :func:`ddp_worker`, :func:`fsdp2_worker` and
-:func:`collectives_worker`. PyTorch's files:
+:func:`stages_worker`, :func:`ddp_worker`, :func:`fsdp2_worker`,
+:func:`fsdp2_load_worker` and :func:`collectives_worker`. PyTorch's files:
 https://github.com/pytorch/pytorch/tree/main/torch/distributed/fsdp/_fully_shard and
 https://github.com/pytorch/pytorch/tree/main/torch/distributed/checkpoint.
 """
@@ -60,7 +74,7 @@ import copy
 import importlib
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +83,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from .checks import check_choice, check_number, check_positive_int
-from .collectives import (
-    all_gather,
-    all_gather_bytes_per_rank,
-    reduce_scatter,
-    reduce_scatter_bytes_per_rank,
-    ring_all_reduce,
-    ring_chunk_sizes,
-)
-from .costmodel import ring_bytes_per_rank
+from .allreduce_sgd import epoch_means, run_batches
+from .checks import check_choice, check_positive_int
+from .collectives import all_gather, reduce_scatter, ring_all_reduce, ring_chunk_sizes
+from .costmodel import LEDGER_CATEGORIES, ZERO_STAGES, zero_bytes_sent_per_rank
 from .launch import WorkerNotImportableError, spawn
+from .train import History, TrainConfig, cpu_state_dict
 
-STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")  # what each rank keeps whole: see above
-PRECISIONS = ("fp32", "mixed")  # the paper's two ways of counting bytes
-CATEGORIES = ("parameters", "gradients", "optimizer", "gathered")  # a ledger's rows
+STAGES = ZERO_STAGES  # "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3": what each keeps whole
+CATEGORIES = LEDGER_CATEGORIES  # a ledger's rows: parameters, gradients, ...
 
 # A step of DDP, ZeRO-1 or ZeRO-2:
 # step(model, flat, shard, optimizer, X, y) -> (this rank's mean loss, bytes sent)
@@ -93,19 +101,14 @@ Step = Callable[
 ]
 
 
-@dataclass(frozen=True)
-class AdamConfig:
-    """A short Adam run, the same in one process and on every rank (13)."""
+@dataclass
+class ShardedHistory(History):
+    """A :class:`~multigpu.train.History` of one rank of a sharded run, with what
+    the rank measured: ``parameters`` are the full weights, gathered (13)."""
 
-    steps: int = 5  # optimizer steps
-    global_batch: int = 32  # samples per step, all ranks together
-    lr: float = 0.01  # Adam's learning rate
-    seed: int = 0  # seeds the order in which samples are used
-
-    def __post_init__(self) -> None:
-        check_positive_int("steps", self.steps)
-        check_positive_int("global_batch", self.global_batch)
-        check_number("lr", self.lr, "Pass a learning rate such as lr=0.01.")
+    bytes_sent: list[int] = field(default_factory=list)  # per step, by this rank
+    ledger: dict[str, int] = field(default_factory=dict)  # bytes held after the run
+    shards: list[dict[str, Any]] = field(default_factory=list)  # FSDP2's DTensors
 
 
 # ----------------------------------------------------------------------------------
@@ -164,9 +167,9 @@ def flatten_parameters(model: nn.Module) -> torch.Tensor:
     return flat
 
 
-def flat_gradients(model: nn.Module) -> torch.Tensor:
-    """This rank's gradients as one new flat tensor (P,), in parameter order; the
-    parameters' own ``.grad`` are dropped (13)."""
+def pop_flat_gradients(model: nn.Module) -> torch.Tensor:
+    """Take this rank's gradients out of ``model``: one new flat tensor (P,), in
+    parameter order; the parameters' own ``.grad`` are dropped (13)."""
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     model.zero_grad(set_to_none=True)
     return flat
@@ -177,12 +180,12 @@ def shard_of(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return flat.tensor_split(world_size)[rank]
 
 
-def ddp_step(model, flat, shard, optimizer, X, y) -> tuple[float, int]:
+def ddp_flat_step(model, flat, shard, optimizer, X, y) -> tuple[float, int]:
     """DDP by hand with Adam: all-reduce the gradient, every rank updates every
     parameter. ``shard`` is all of ``flat``; returns (loss, bytes sent) (13)."""
     loss = F.cross_entropy(model(X), y)  # mean over this rank's batch
     loss.backward()
-    gradients = flat_gradients(model)  # (P,)
+    gradients = pop_flat_gradients(model)  # (P,)
     sent = ring_all_reduce(gradients)  # every rank: the sum over the ranks
     shard.grad = gradients / dist.get_world_size()  # the mean gradient, (P,)
     optimizer.step()  # Adam on all P parameters: 2P numbers of state
@@ -195,7 +198,7 @@ def zero1_step(model, flat, shard, optimizer, X, y) -> tuple[float, int]:
     world_size, rank = dist.get_world_size(), dist.get_rank()
     loss = F.cross_entropy(model(X), y)
     loss.backward()
-    gradients = flat_gradients(model)  # (P,)
+    gradients = pop_flat_gradients(model)  # (P,)
     sent = ring_all_reduce(gradients)  # every rank receives the whole sum
     gradients /= world_size
     shard.grad = shard_of(gradients, rank, world_size)  # a view: all P stay alive
@@ -209,7 +212,7 @@ def zero2_step(model, flat, shard, optimizer, X, y) -> tuple[float, int]:
     its chunk of the sum; update the chunk; all-gather the chunks (13)."""
     loss = F.cross_entropy(model(X), y)
     loss.backward()
-    gradients = flat_gradients(model)  # (P,), dropped when this function returns
+    gradients = pop_flat_gradients(model)  # (P,), dropped when this function returns
     shard.grad = torch.empty_like(shard)  # (P/N,)
     sent = reduce_scatter(shard.grad, gradients)  # my chunk of the sum
     shard.grad /= dist.get_world_size()
@@ -218,7 +221,11 @@ def zero2_step(model, flat, shard, optimizer, X, y) -> tuple[float, int]:
     return loss.item(), sent
 
 
-STEPS: dict[str, Step] = {"DDP": ddp_step, "ZeRO-1": zero1_step, "ZeRO-2": zero2_step}
+STEPS: dict[str, Step] = {
+    "DDP": ddp_flat_step,
+    "ZeRO-1": zero1_step,
+    "ZeRO-2": zero2_step,
+}
 
 
 # ----------------------------------------------------------------------------------
@@ -328,7 +335,7 @@ def gathered_state_dict(model: nn.Sequential) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------
-# What a rank holds: the ledger, measured and by the formulas
+# What a rank holds: the ledger, measured
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -373,81 +380,6 @@ def measure_ledger(
     }
 
 
-def formula_bytes_per_parameter(
-    stage: str, world_size: int, precision: str = "fp32"
-) -> dict[str, float]:
-    """The ZeRO paper's bytes per parameter that each of ``world_size`` ranks
-    keeps, by category: fp32 Adam 4 + 4 + 8, mixed precision 2 + 2 + 12 (13)."""
-    check_choice("stage", stage, STAGES)
-    check_positive_int("world_size", world_size)
-    check_choice("precision", precision, PRECISIONS)
-    parameters, gradients, optimizer = (4, 4, 8) if precision == "fp32" else (2, 2, 12)
-    level = STAGES.index(stage)  # 0 for DDP, 3 for ZeRO-3
-    return {
-        "parameters": parameters / (world_size if level >= 3 else 1),
-        "gradients": gradients / (world_size if level >= 2 else 1),
-        "optimizer": optimizer / (world_size if level >= 1 else 1),
-        "gathered": 0.0,
-    }
-
-
-def formula_ledger(
-    stage: str,
-    world_size: int,
-    num_parameters: float,
-    precision: str = "fp32",
-    element_size: int = 4,
-) -> dict[str, float]:
-    """:func:`formula_bytes_per_parameter` times ``num_parameters``; for fp32,
-    ``element_size=8`` counts float64 instead (8 + 8 + 16) (13)."""
-    per_parameter = formula_bytes_per_parameter(stage, world_size, precision)
-    scale = element_size / 4 if precision == "fp32" else 1
-    return {
-        name: value * num_parameters * scale for name, value in per_parameter.items()
-    }
-
-
-def formula_bytes_sent(stage: str, nbytes: float, world_size: int) -> float:
-    """Bytes each rank sends per step for a model of ``nbytes`` of parameters:
-    2(n-1)/n·S for DDP and ZeRO-2, 3(n-1)/n·S for ZeRO-1 (as written here: an
-    all-reduce, then an all-gather) and ZeRO-3 (two all-gathers and a
-    reduce-scatter) (13)."""
-    check_choice("stage", stage, STAGES)
-    check_positive_int("world_size", world_size)
-    passes = 3 if stage in ("ZeRO-1", "ZeRO-3") else 2  # passes of (n-1)/n·S
-    return passes * (world_size - 1) / world_size * nbytes
-
-
-def exact_bytes_sent(
-    stage: str,
-    layer_numels: Sequence[int],
-    element_size: int,
-    world_size: int,
-    rank: int,
-) -> int:
-    """The bytes ``rank`` sends in one step of ``stage``, counted chunk by chunk with
-    the collectives' exact counts; ``layer_numels`` are the parameters per layer
-    (ZeRO-3 gathers layer by layer, the others move one flat buffer) (13)."""
-    check_choice("stage", stage, STAGES)
-    args = (element_size, world_size, rank)
-    total = sum(layer_numels)
-    if stage == "DDP":
-        return ring_bytes_per_rank(total, *args)
-    if stage == "ZeRO-1":
-        return ring_bytes_per_rank(total, *args) + all_gather_bytes_per_rank(
-            total, *args
-        )
-    if stage == "ZeRO-2":
-        return reduce_scatter_bytes_per_rank(total, *args) + all_gather_bytes_per_rank(
-            total, *args
-        )
-    return sum(
-        2 * all_gather_bytes_per_rank(numel, *args)
-        + reduce_scatter_bytes_per_rank(numel, *args)
-        for numel in layer_numels
-    )
-
-
 def layer_numels(model: nn.Module) -> list[int]:
     """Parameters per layer that has any, in order: how ZeRO-3 groups them (13)."""
     return [
@@ -461,62 +393,24 @@ def layer_numels(model: nn.Module) -> list[int]:
 # Training: one process, and each stage on a rank
 
 
-def batch_indices(
-    num_samples: int, config: AdamConfig, rank: int = 0, world_size: int = 1
-) -> list[torch.Tensor]:
-    """This rank's sample indices for each step, ``config.steps`` tensors of
-    (global_batch / world_size,) (13).
-
-    As in 08: each epoch shuffles the indices with seed ``config.seed + epoch``,
-    step k's global batch is the k-th run of ``global_batch`` of them, and rank r
-    takes every ``world_size``-th from position r, so the ranks together see the
-    one process's batch.
-    """
-    if config.global_batch % world_size:
-        raise ValueError(
-            f"A global batch of {config.global_batch} does not split evenly over "
-            f"{world_size} ranks. Choose a global batch that is a multiple of the "
-            "world size."
-        )
-    steps_per_epoch = num_samples // config.global_batch
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"The global batch of {config.global_batch} is larger than the "
-            f"{num_samples} samples. Use a global batch of at most {num_samples}."
-        )
-    batches = []
-    for step in range(config.steps):
-        epoch, k = divmod(step, steps_per_epoch)
-        generator = torch.Generator().manual_seed(config.seed + epoch)
-        order = torch.randperm(num_samples, generator=generator)
-        batch = order[k * config.global_batch : (k + 1) * config.global_batch]
-        batches.append(batch[rank::world_size])
-    return batches
-
-
-def _batches(X: torch.Tensor, config: AdamConfig, rank: int, world_size: int):
-    return batch_indices(len(X), config, rank, world_size)
-
-
-def _plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: t.detach().clone() for name, t in model.state_dict().items()}
-
-
 def train_single_process(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: AdamConfig
-) -> dict[str, Any]:
-    """The reference: Adam on the global batch in this process; ``model`` is not
-    changed. Returns {"parameters", "losses"} (13)."""
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig
+) -> History:
+    """The reference: Adam on the global batch in this process, notebook 08's
+    batches; ``model`` is not changed (13)."""
     model = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    losses = []
-    for indices in _batches(X, config, 0, 1):
+    history = History()
+    batches, steps_per_epoch = run_batches(len(X), config)
+    for indices in batches:
         optimizer.zero_grad()
         loss = F.cross_entropy(model(X[indices]), y[indices])
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
-    return {"parameters": _plain_state_dict(model), "losses": losses}
+        history.step_loss.append(loss.item())
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    history.parameters = cpu_state_dict(model)
+    return history
 
 
 def train_stage(
@@ -524,62 +418,56 @@ def train_stage(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
+    config: TrainConfig,
     step: Step | None = None,
-) -> dict[str, Any]:
+) -> ShardedHistory:
     """Train a copy of ``model`` with ``stage`` on this rank (inside a process
-    group); returns its {"parameters" (full, gathered), "losses", "bytes_sent" per
-    step, "ledger" after the last step} (13). ``step`` replaces the stage's own
+    group): its history with the full weights (gathered), the bytes sent per step
+    and the ledger after the last step (13). ``step`` replaces the stage's own
     step function (DDP, ZeRO-1, ZeRO-2 only)."""
     check_choice("stage", stage, STAGES)
     world_size, rank = dist.get_world_size(), dist.get_rank()
     model = copy.deepcopy(model)
-    losses, bytes_sent = [], []
+    history = ShardedHistory(rank=rank, world_size=world_size)
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     if stage == "ZeRO-3":
         meter = Meter()
         model = shard_model(model, meter)
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-        for indices in _batches(X, config, rank, world_size):
+        for indices in batches:
             before = meter.bytes_sent
             optimizer.zero_grad()
             loss = F.cross_entropy(model(X[indices]), y[indices])
             loss.backward()  # each layer reduce-scatters its gradient
             optimizer.step()  # Adam on this rank's chunks only
-            losses.append(loss.item())
-            bytes_sent.append(meter.bytes_sent - before)
-        ledger = measure_ledger(list(model.parameters()), optimizer, meter)
-        return {
-            "parameters": gathered_state_dict(model),
-            "losses": losses,
-            "bytes_sent": bytes_sent,
-            "ledger": ledger,
-        }
-    step = step or STEPS[stage]
-    flat = flatten_parameters(model)  # (P,)
-    if stage == "DDP":
-        shard = nn.Parameter(flat)  # all of it: every rank updates everything
+            history.step_loss.append(loss.item())
+            history.bytes_sent.append(meter.bytes_sent - before)
+        history.ledger = measure_ledger(list(model.parameters()), optimizer, meter)
+        history.parameters = gathered_state_dict(model)
     else:
-        shard = nn.Parameter(shard_of(flat, rank, world_size))  # a view of my chunk
-    optimizer = torch.optim.Adam([shard], lr=config.lr)
-    for indices in _batches(X, config, rank, world_size):
-        loss, sent = step(model, flat, shard, optimizer, X[indices], y[indices])
-        losses.append(float(loss))
-        bytes_sent.append(sent)
-    ledger = measure_ledger([*model.parameters(), shard], optimizer)
-    return {
-        "parameters": _plain_state_dict(model),
-        "losses": losses,
-        "bytes_sent": bytes_sent,
-        "ledger": ledger,
-    }
+        step = step or STEPS[stage]
+        flat = flatten_parameters(model)  # (P,)
+        if stage == "DDP":
+            shard = nn.Parameter(flat)  # all of it: every rank updates everything
+        else:
+            shard = nn.Parameter(shard_of(flat, rank, world_size))  # my chunk, a view
+        optimizer = torch.optim.Adam([shard], lr=config.lr)
+        for indices in batches:
+            loss, sent = step(model, flat, shard, optimizer, X[indices], y[indices])
+            history.step_loss.append(float(loss))
+            history.bytes_sent.append(sent)
+        history.ledger = measure_ledger([*model.parameters(), shard], optimizer)
+        history.parameters = cpu_state_dict(model)
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    return history
 
 
 def stages_worker(
     rank: int,
     world_size: int,
-    runs: Sequence[tuple[str, nn.Module, torch.Tensor, torch.Tensor, AdamConfig]],
+    runs: Sequence[tuple[str, nn.Module, torch.Tensor, torch.Tensor, TrainConfig]],
     step: Step | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ShardedHistory]:
     """Rank function: :func:`train_stage` for each (stage, model, X, y, config) of
     ``runs``, in order, in one launch (13)."""
     return [train_stage(*run, step=step) for run in runs]
@@ -589,13 +477,13 @@ def compare_stages(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
+    config: TrainConfig,
     world_size: int,
     stages: Sequence[str] = STAGES,
     timeout: float = 60.0,
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, list[ShardedHistory]]:
     """Train ``model`` with each of ``stages`` on ``world_size`` ranks, in one
-    launch: {stage: each rank's result, by rank} (13)."""
+    launch: {stage: each rank's history, by rank} (13)."""
     check_positive_int("world_size", world_size)
     for stage in stages:
         check_choice("stage", stage, STAGES)
@@ -613,20 +501,23 @@ def ddp_worker(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
-) -> dict[str, Any]:
+    config: TrainConfig,
+) -> History:
     """Rank function: PyTorch's ``DistributedDataParallel`` with Adam on this rank's
-    slices; returns {"parameters", "losses"} (13)."""
+    slices of notebook 08's batches; returns this rank's history (13)."""
     ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(model))
     optimizer = torch.optim.Adam(ddp.parameters(), lr=config.lr)
-    losses = []
-    for indices in _batches(X, config, rank, world_size):
+    history = History(rank=rank, world_size=world_size)
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
+    for indices in batches:
         optimizer.zero_grad()
         loss = F.cross_entropy(ddp(X[indices]), y[indices])
         loss.backward()  # DDP averages the gradients here
         optimizer.step()
-        losses.append(loss.item())
-    return {"parameters": _plain_state_dict(ddp.module), "losses": losses}
+        history.step_loss.append(loss.item())
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    history.parameters = cpu_state_dict(ddp.module)
+    return history
 
 
 # ----------------------------------------------------------------------------------
@@ -658,68 +549,89 @@ def describe_shards(model: nn.Module) -> list[dict[str, Any]]:
     return rows
 
 
+def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """An FSDP2 model's full weights by name, all-gathered on every rank (a
+    collective) (13)."""
+    return {
+        name: p.full_tensor().detach().clone() for name, p in model.named_parameters()
+    }
+
+
+def fully_shard_model(model: nn.Sequential) -> nn.Sequential:
+    """A copy of ``model`` with ``fully_shard`` on every Linear and on the whole
+    model, over an explicit CPU device mesh of all the ranks (13)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # An explicit CPU mesh: without it, a machine with GPUs would move the model to
+    # CUDA even though the process group is gloo.
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = copy.deepcopy(model)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def fsdp2_worker(
     rank: int,
     world_size: int,
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
+    config: TrainConfig,
     checkpoint_dir: str | None = None,
-) -> dict[str, Any]:
-    """Rank function: ``fully_shard`` on every Linear and on the whole model, over
-    an explicit CPU device mesh, trained with Adam; optionally saves a sharded
-    checkpoint with ``torch.distributed.checkpoint``. Returns {"parameters" (full),
-    "losses", "shards", "ledger"} (13)."""
+) -> ShardedHistory:
+    """Rank function: FSDP2 (:func:`fully_shard_model`) trained with Adam;
+    optionally saves a sharded checkpoint with ``torch.distributed.checkpoint``.
+    Returns this rank's history with the full weights, its shards and ledger
+    (13)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    # An explicit CPU mesh: without it, a machine with GPUs would move the model to
-    # CUDA even though the process group is gloo.
-    mesh = init_device_mesh("cpu", (world_size,))
-    model = copy.deepcopy(model)
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
-    fully_shard(model, mesh=mesh)
+    model = fully_shard_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    losses = []
-    for indices in _batches(X, config, rank, world_size):
+    history = ShardedHistory(rank=rank, world_size=world_size)
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
+    for indices in batches:
         optimizer.zero_grad()
         loss = F.cross_entropy(model(X[indices]), y[indices])
         loss.backward()  # reduce-scatters (and averages) each layer's gradient
         optimizer.step()  # Adam on this rank's rows only
-        losses.append(loss.item())
-    ledger = measure_ledger(list(model.parameters()), optimizer)
+        history.step_loss.append(loss.item())
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    history.ledger = measure_ledger(list(model.parameters()), optimizer)
     if checkpoint_dir is not None:
         # Each rank writes its own rows; rank 0 adds the metadata that maps them.
         dcp.save({"model": model.state_dict()}, checkpoint_id=checkpoint_dir)
-    return {
-        "parameters": {
-            name: p.full_tensor().detach().clone()
-            for name, p in model.named_parameters()
-        },
-        "losses": losses,
-        "shards": describe_shards(model),
-        "ledger": ledger,
-    }
+    history.parameters = full_parameters(model)
+    history.shards = describe_shards(model)
+    return history
 
 
 def train_fsdp2(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
+    config: TrainConfig,
     world_size: int,
     checkpoint_dir: str | Path | None = None,
     timeout: float = 60.0,
-) -> list[dict[str, Any]]:
-    """:func:`fsdp2_worker` on ``world_size`` ranks: each rank's result, by rank
+) -> list[ShardedHistory]:
+    """:func:`fsdp2_worker` on ``world_size`` ranks: each rank's history, by rank
     (13)."""
     check_positive_int("world_size", world_size)
     folder = None if checkpoint_dir is None else str(checkpoint_dir)
     return spawn(fsdp2_worker, world_size, model, X, y, config, folder, timeout=timeout)
+
+
+def _check_checkpoint_dir(checkpoint_dir: str | Path) -> None:
+    if not (Path(checkpoint_dir) / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"{Path(checkpoint_dir).name} holds no torch.distributed.checkpoint "
+            "checkpoint (its .metadata file is missing). Pass the folder given to "
+            "train_fsdp2(checkpoint_dir=...) after training finished."
+        )
 
 
 def load_sharded_checkpoint(model: nn.Module, checkpoint_dir: str | Path) -> nn.Module:
@@ -727,18 +639,47 @@ def load_sharded_checkpoint(model: nn.Module, checkpoint_dir: str | Path) -> nn.
     into ``model``, an ordinary model in this one process; returns ``model`` (13)."""
     import torch.distributed.checkpoint as dcp
 
-    if not (Path(checkpoint_dir) / ".metadata").is_file():
-        raise FileNotFoundError(
-            f"{Path(checkpoint_dir).name} holds no torch.distributed.checkpoint "
-            "checkpoint (its .metadata file is missing). Pass the folder given to "
-            "train_fsdp2(checkpoint_dir=...) after training finished."
-        )
+    _check_checkpoint_dir(checkpoint_dir)
     state = {"model": model.state_dict()}  # the tensors to fill in place
     with warnings.catch_warnings():  # loading in one process is what we mean here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
     model.load_state_dict(state["model"])
     return model
+
+
+def fsdp2_load_worker(
+    rank: int, world_size: int, model: nn.Module, checkpoint_dir: str
+) -> dict[str, Any]:
+    """Rank function: shard ``model`` with FSDP2 over this launch's ranks, however
+    many saved the checkpoint, and load the checkpoint into the shards. Returns
+    {"parameters": the full weights, gathered; "shards": :func:`describe_shards`}
+    (13)."""
+    import torch.distributed.checkpoint as dcp
+
+    model = fully_shard_model(model)
+    state = {"model": model.state_dict()}  # DTensors: the rows this rank holds now
+    # The .metadata file maps every saved piece to its rows in the full tensor, so
+    # each rank reads, from whichever files hold them, exactly the rows it holds.
+    dcp.load(state, checkpoint_id=checkpoint_dir)
+    model.load_state_dict(state["model"])
+    return {"parameters": full_parameters(model), "shards": describe_shards(model)}
+
+
+def load_fsdp2_checkpoint(
+    model: nn.Module,
+    checkpoint_dir: str | Path,
+    world_size: int,
+    timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Load a checkpoint that :func:`train_fsdp2` saved on any number of ranks into
+    FSDP2 on ``world_size`` ranks (:func:`fsdp2_load_worker`): each rank's
+    {"parameters", "shards"}, by rank (13)."""
+    check_positive_int("world_size", world_size)
+    _check_checkpoint_dir(checkpoint_dir)
+    return spawn(
+        fsdp2_load_worker, world_size, model, str(checkpoint_dir), timeout=timeout
+    )
 
 
 # ----------------------------------------------------------------------------------
@@ -788,7 +729,7 @@ def check_step(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
-    config: AdamConfig,
+    config: TrainConfig,
     world_size: int = 2,
     tolerance: float = 1e-10,
 ) -> tuple[bool, str]:
@@ -811,34 +752,37 @@ def check_step(
             "the imported function."
         )
     reference = train_single_process(model, X, y, config)
+    steps = len(reference.step_loss)
     results = spawn(
         stages_worker, world_size, [("ZeRO-2", model, X, y, config)], step, timeout=60
     )
     results = [per_rank[0] for per_rank in results]
     distance = max(
-        (result["parameters"][key] - value).abs().max().item()
+        (result.parameters[key] - value).abs().max().item()
         for result in results
-        for key, value in reference["parameters"].items()
+        for key, value in reference.parameters.items()
     )
     if distance > tolerance:
         return False, (
-            f"FAIL: after {config.steps} steps the weights are {distance:.1e} away "
+            f"FAIL: after {steps} steps the weights are {distance:.1e} away "
             "from one process on the global batch. Reduce-scatter the flat gradient "
             "into shard.grad, divide it by the world size, call optimizer.step(), "
             "then all-gather shard into flat."
         )
-    numel = sum(reference["parameters"][key].numel() for key in reference["parameters"])
+    numel = sum(value.numel() for value in reference.parameters.values())
     element_size = X.element_size()
     for rank, result in enumerate(results):
-        expected = exact_bytes_sent("ZeRO-2", [numel], element_size, world_size, rank)
-        if result["bytes_sent"] != [expected] * config.steps:
+        expected = zero_bytes_sent_per_rank(
+            "ZeRO-2", [numel], element_size, world_size, rank
+        )
+        if result.bytes_sent != [expected] * steps:
             return False, (
                 f"FAIL: the weights are right, but rank {rank} reported sending "
-                f"{result['bytes_sent'][0]} bytes per step, not the {expected} of "
+                f"{result.bytes_sent[0]} bytes per step, not the {expected} of "
                 "one reduce-scatter and one all-gather. Return the sum of the byte "
                 "counts that reduce_scatter and all_gather return."
             )
-        kept = result["ledger"]["gradients"]
+        kept = result.ledger["gradients"]
         chunk = ring_chunk_sizes(numel, world_size)[rank] * element_size
         if kept != chunk:
             return False, (
@@ -849,39 +793,6 @@ def check_step(
             )
     return True, (
         f"PASS: on {world_size} ranks your step trains like one process (weights "
-        f"within {tolerance:.0e} after {config.steps} steps), keeps only its chunk "
+        f"within {tolerance:.0e} after {steps} steps), keeps only its chunk "
         "of the gradient and sends what ZeRO-2 sends."
     )
-
-
-# ----------------------------------------------------------------------------------
-# The figure
-
-
-def plot_ledgers(
-    panels: dict[str, dict[str, dict[str, float]]], ylabel: str = "bytes per parameter"
-):
-    """Stacked bars, one panel per title: {title: {bar label: ledger}}, each ledger
-    {category: amount} with the categories of :data:`CATEGORIES`; returns the
-    matplotlib Figure (13)."""
-    import matplotlib.pyplot as plt
-
-    colours = dict(zip(CATEGORIES, ("tab:blue", "tab:orange", "tab:green", "tab:gray")))
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(3.4 * len(panels), 3.4), sharey=True, squeeze=False
-    )
-    for ax, (title, bars) in zip(axes[0], panels.items()):
-        labels = list(bars)
-        bottoms = [0.0] * len(labels)
-        for category in CATEGORIES:
-            heights = [bars[label].get(category, 0.0) for label in labels]
-            ax.bar(labels, heights, bottom=bottoms, color=colours[category])
-            bottoms = [b + h for b, h in zip(bottoms, heights)]
-        ax.set_title(title)
-        ax.tick_params(axis="x", rotation=30)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in CATEGORIES]
-    axes[0][-1].legend(handles, CATEGORIES, fontsize="small")
-    fig.tight_layout()
-    return fig

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from conftest import convnet_problem
 
-from multigpu import miniddp, plots
+from multigpu import miniddp
 from multigpu.allreduce_sgd import max_parameter_difference
 from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.ddp import in_one_launch
@@ -172,16 +172,6 @@ def test_timeline_shows_buckets_overlapping_backward_and_flat_waiting():
         first = min(comm, key=lambda e: e.start)
         assert first.start < last_gradient(bucketed)  # sent while backward went on
         assert all(e.end >= e.start for e in bucketed)
-    fig = plots.plot_overlap(
-        {s: [t[s] for t in per_rank] for s in ("flat", "bucketed")}
-    )
-    assert len(fig.axes) == 2
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
-        "rank 0 backward",
-        "rank 0 all-reduce",
-        "rank 1 backward",
-        "rank 1 all-reduce",
-    ]
 
 
 def test_hidden_fraction_counts_communication_before_the_last_gradient():
@@ -207,14 +197,6 @@ def test_fp16_compression_hook_is_close_but_not_equal(problem):
     plain, compressed = spawn(in_one_launch, 2, calls, timeout=TIMEOUT)[0]
     difference = max_parameter_difference(plain.parameters, compressed.parameters)
     assert 0 < difference < 1e-2
-
-
-def test_plot_buckets_draws_one_bar_per_bucket():
-    layout = [["b", "a"], ["c"]]
-    fig = plots.plot_buckets(layout, {"a": 4096, "b": 1024, "c": 2048})
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["bucket 0", "bucket 1"]
-    assert len(fig.axes[0].patches) == 3
 
 
 def test_bad_arguments_say_how_to_fix_them():

@@ -4,20 +4,10 @@ Taught in ``notebooks/13_sharding_zero_fsdp.ipynb``. Data parallelism (08, 09) k
 a whole copy of the training state on every rank. With Adam that is, per parameter,
 its value, its gradient and two moments: 4 + 4 + 8 = 16 bytes in float32. ZeRO
 ("Zero Redundancy Optimizer", Rajbhandari et al., 2020) removes the copies step by
-step; on N ranks each rank keeps, per parameter:
-
-============  =================================  ========================
-stage         what is cut into N shards          bytes per parameter (fp32)
-============  =================================  ========================
-``"DDP"``     nothing                            4 + 4 + 8 = 16
-``"ZeRO-1"``  the optimizer state                4 + 4 + 8/N
-``"ZeRO-2"``  optimizer state and gradients      4 + (4 + 8)/N
-``"ZeRO-3"``  everything, parameters included    (4 + 4 + 8)/N
-============  =================================  ========================
-
-The paper's mixed-precision version keeps 2 + 2 + 12 (fp16 parameters and gradients;
-an fp32 copy of the parameters and the two fp32 moments). These formulas, and the
-bytes each stage sends, are in :mod:`multigpu.costmodel`
+step: ZeRO-1 shards the optimizer state over the N ranks, ZeRO-2 the gradients too,
+ZeRO-3 the parameters too (4 + 4 + 8/N, 4 + 12/N and 16/N bytes per parameter in
+float32). These formulas, the table behind them and the bytes each stage sends are
+in :mod:`multigpu.costmodel`
 (``zero_bytes_per_parameter``, ``zero_memory_ledger``, ``zero_bytes_sent_theory``,
 ``zero_bytes_sent_per_rank``).
 

@@ -383,6 +383,7 @@ def run_nodes(
                 nproc_per_node,
                 *script_args,
                 rendezvous=node_options(nnodes, node_rank, store.port, run_id),
+                env=RELIABLE_RESTARTS,  # workers' own store: see RELIABLE_RESTARTS
                 output=log,
             )
             stack.callback(stop_torchrun, process)

@@ -68,7 +68,7 @@ from .allreduce_sgd import train_worker as allreduce_sgd_worker
 from .checkpoint import load_checkpoint, save_checkpoint, unwrap
 from .checks import check_choice, check_positive_int
 from .devices import choose_backend
-from .launch import DEFAULT_DEADLINE_S, TorchrunError, run_torchrun, spawn
+from .launch import DEFAULT_DEADLINE_S, TorchrunError, exit_rank, run_torchrun, spawn
 from .train import BAR_FORMAT, History, TrainConfig, cpu_state_dict, evaluation_sums
 
 COMMAND = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2"
@@ -817,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_rank(main())  # not `raise SystemExit`: see exit_rank
 
 
 # ----------------------------------------------------------------------------------

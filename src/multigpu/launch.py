@@ -108,6 +108,9 @@ deadline=300.0) -> list``
 - :func:`start_torchrun` starts the same command without waiting (its output to a
   file), and :func:`stop_torchrun` ends it: SIGTERM first, on which torchrun stops
   the workers it started in sessions of their own, then SIGKILL to its group.
+- A script run by torchrun ends with :func:`exit_rank` after
+  ``dist.destroy_process_group()``: a rank that built a DDP model and simply
+  returns can abort while Python shuts down, after its work is done.
 
 This module imports torch lazily, so that with "spawn" a child sets its thread limits
 before torch loads.
@@ -115,6 +118,7 @@ before torch loads.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import math
@@ -132,7 +136,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, NoReturn
 
 from .checks import check_positive_int
 
@@ -1202,3 +1206,26 @@ def _kill_group(pid: int) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a torchrun rank with exit status ``code`` without Python's shutdown (09).
+
+    Call it last, after ``dist.destroy_process_group()``. A script that simply
+    returns can die of SIGABRT *after* its work is done ("terminate called without
+    an active exception"; ``bench/exit_abort.py`` counts how often). The chain:
+    building a ``DistributedDataParallel`` leaves references to the gloo process
+    group that ``destroy_process_group()`` does not remove, so the group and its
+    worker threads live on; a worker drops its reference to a collective's tensors
+    only after the collective has returned, and for a tensor Python also holds
+    that takes the GIL; if the main thread has begun shutting the interpreter down
+    by then, Python ends the worker thread where it waits for the GIL, the C++
+    runtime aborts the process, and torchrun reports a failed rank (and, with
+    ``--max-restarts``, starts the whole job again). ``os._exit`` skips the
+    interpreter's shutdown, as ``multiprocessing`` does for the ranks of
+    :func:`spawn`; stdout and stderr are flushed first, so no output is lost.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

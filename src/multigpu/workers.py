@@ -15,6 +15,7 @@ Run as a module it is also the torchrun example of ``launch.run_torchrun``::
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import statistics
@@ -470,5 +471,53 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def native_threads() -> int | None:
+    """The threads of this process, C++ ones included (Linux), else None."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def ddp_exit_demo() -> None:
+    """torchrun entry (``-m multigpu.workers ddp-exit return|exit_rank``): build a
+    DDP model, train one step, drop it and collect garbage, all_gather, then
+    ``destroy_process_group()`` and end at once, as a training script does. Rank 0
+    prints the process's native threads before joining, in the group, and after
+    destroying it: once DDP was built, the gloo threads outlive the group, which
+    is why a torchrun script ends with :func:`multigpu.launch.exit_rank` (tests and
+    ``bench/exit_abort.py``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.ones(2).sum()  # start torch's own threads before the first count
+    before = native_threads()
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(torch.nn.Linear(8, 4))
+    model(torch.randn(4, 8)).sum().backward()
+    del model
+    gc.collect()
+    mine = torch.ones(2, dtype=torch.float64)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    during = native_threads()
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(
+            f"native threads: {before} before, {during} in the group, "
+            f"{native_threads()} after destroy_process_group",
+            flush=True,
+        )
+
+
 if __name__ == "__main__":
-    main()
+    from .launch import exit_rank
+
+    if sys.argv[1:2] == ["ddp-exit"]:
+        ending = sys.argv[2] if len(sys.argv) > 2 else "exit_rank"
+        ddp_exit_demo()
+        if ending == "exit_rank":
+            exit_rank(0)
+    else:
+        main()
+        exit_rank(0)

@@ -454,7 +454,18 @@ def test_run_torchrun_returns_the_output_of_the_ranks(no_leftovers):
     assert "world_size=2 sum=3 threads=1" in result.stdout
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts via /proc")
+needs_proc = pytest.mark.skipif(
+    workers.native_threads() is None, reason="counts threads via /proc"
+)
+
+
+def _run_python(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+
+
+@needs_proc
 def test_ddp_keeps_the_gloo_threads_after_destroy_process_group(no_leftovers):
     # The first link in exit_rank's chain of causes: once DDP was built, the
     # group's worker threads outlive destroy_process_group (and a garbage
@@ -467,20 +478,18 @@ def test_ddp_keeps_the_gloo_threads_after_destroy_process_group(no_leftovers):
     assert after == during
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts via /proc")
+@needs_proc
 def test_without_ddp_destroy_process_group_ends_the_gloo_threads():
     script = (
-        "import os, torch, torch.distributed as dist\n"
-        "count = lambda: len(os.listdir('/proc/self/task'))\n"
+        "import torch, torch.distributed as dist\n"
+        "from multigpu.workers import native_threads as count\n"
         "torch.ones(2).sum(); before = count()\n"
         "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, "
         "world_size=1)\n"
         "t = torch.ones(2); dist.all_reduce(t); during = count()\n"
         "dist.destroy_process_group(); print(before, during, count())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    done = _run_python(script)
     before, during, after = map(int, done.stdout.split())
     assert during > before
     assert after == before
@@ -494,9 +503,7 @@ def test_exit_rank_flushes_the_output_and_keeps_the_exit_status():
         "print('to stderr', end='', file=sys.stderr)\n"
         "exit_rank(3)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    done = _run_python(script)
     assert (done.returncode, done.stdout, done.stderr) == (3, "to stdout", "to stderr")
 
 

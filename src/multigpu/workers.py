@@ -11,6 +11,9 @@ recipe stays in that recipe's module). Taught in
 Run as a module it is also the torchrun example of ``launch.run_torchrun``::
 
     torchrun --standalone --nproc-per-node=2 -m multigpu.workers
+
+and, with ``ddp-exit [return|exit_rank]``, the demonstration of why a torchrun
+script ends with :func:`multigpu.launch.exit_rank` (:func:`ddp_exit_demo`).
 """
 
 from __future__ import annotations

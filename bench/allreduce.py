@@ -19,7 +19,7 @@ import argparse
 import time
 
 from multigpu import workers
-from multigpu.launch import spawn
+from multigpu.runtime.launch import spawn
 
 MiB = 2**20
 NAMES = ("naive", "ring", "ring pipelined", "dist.all_reduce")

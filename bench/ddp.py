@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from multigpu import ddp
-from multigpu.launch import spawn
-from multigpu.models import ConvNet
+from multigpu.core.models import ConvNet
+from multigpu.runtime.launch import spawn
 
 
 def plain_step_seconds(per_rank_batch: int = 32, steps: int = 30) -> float:

@@ -1,7 +1,7 @@
 """The ladder of notebook 10 against PyTorch's DDP: step time and hidden
 communication, at 2 and 4 ranks, and a bucket-size sweep.
 
-The model is ``multigpu.models.mlp(width=1024, depth=6)``: 5.3 million float32
+The model is ``multigpu.core.models.mlp(width=1024, depth=6)``: 5.3 million float32
 parameters, 20 MiB of gradients per step, in 7 layers of nearly equal size, so
 communication matters on a CPU and backward produces gradients at an even pace.
 Each rank gets 64 random samples per step and one thread. The variants take turns,
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 
 from multigpu import miniddp
-from multigpu.launch import spawn
-from multigpu.models import count_parameters, mlp
+from multigpu.core.models import count_parameters, mlp
+from multigpu.runtime.launch import spawn
 
 LADDER = [
     ("after_backward", "after_backward", {}),

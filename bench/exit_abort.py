@@ -7,7 +7,7 @@ Each launch runs ``torchrun -m multigpu.workers ddp-exit ENDING``: every rank bu
 a ``DistributedDataParallel``, trains one step, all-gathers a tensor and calls
 ``dist.destroy_process_group()``. With ``return`` the script then ends as most
 scripts do, through Python's shutdown; with ``exit_rank`` it calls
-:func:`multigpu.launch.exit_rank`. The table counts the launches torchrun reported
+:func:`multigpu.runtime.launch.exit_rank`. The table counts the launches torchrun reported
 as failed, and those whose output holds the C++ runtime's "terminate called"
 message (see ``exit_rank``'s docstring for the chain of causes). The aborts are a
 race, so their count changes from run to run and with the machine's load; the
@@ -21,7 +21,7 @@ import platform
 
 from tqdm import tqdm
 
-from multigpu.launch import run_torchrun
+from multigpu.runtime.launch import run_torchrun
 
 ENDINGS = ("return", "exit_rank")
 

@@ -37,7 +37,8 @@ WAIT_S = 10.0  # how long to wait for the processes to end after the kill
 SCRIPT = """\
 import sys
 
-from multigpu import launch, workers
+from multigpu import workers
+from multigpu.runtime import launch
 
 if __name__ == "__main__":
     pid_dir, world_size = sys.argv[1], int(sys.argv[2])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 from multigpu import costmodel, workers
-from multigpu.launch import spawn
-from multigpu.models import mlp
+from multigpu.core.models import mlp
+from multigpu.runtime.launch import spawn
 
 SIZES = [4 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from multigpu.models import ConvNet
+from multigpu.core.models import ConvNet
 
 
 def convnet_problem(num_samples: int = 48, seed: int = 0):

@@ -23,9 +23,9 @@ from multigpu.allreduce_sgd import (
     train_single_process,
     world_losses,
 )
-from multigpu.launch import WorkerNotImportableError
-from multigpu.models import ConvNet
-from multigpu.train import ALLREDUCE_METHODS, TrainConfig, evaluate
+from multigpu.core.models import ConvNet
+from multigpu.core.train import ALLREDUCE_METHODS, TrainConfig, evaluate
+from multigpu.runtime.launch import WorkerNotImportableError
 
 NUM_SAMPLES = 40  # 2 full global batches of 16 per epoch; 8 samples left over
 # 3 epochs = 6 steps, so the per-epoch reshuffle is covered too. Momentum makes a
@@ -230,7 +230,7 @@ def test_on_gpus_ranks_stay_identical_and_ring_matches_nccl(problem):
 
 def test_partition_order_is_the_single_device_loaders_order():
     """Notebook 01's shuffled loader and this partitioner share one epoch order."""
-    from multigpu.data import EpochSampler
+    from multigpu.core.data import EpochSampler
 
     sampler = EpochSampler(50, seed=7)
     sampler.set_epoch(2)

@@ -1,4 +1,4 @@
-"""Tests for multigpu.checkpoint: the ``module.`` prefix both ways, atomic saves,
+"""Tests for multigpu.runtime.checkpoint: the ``module.`` prefix both ways, atomic saves,
 plain data for weights-only loading, clear errors for damaged files and mismatched
 optimizers, stale temporaries of killed saves."""
 
@@ -23,8 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu import checkpoint, dataparallel
-from multigpu.checkpoint import (
+from multigpu import dataparallel
+from multigpu.core.devices import simulated_devices
+from multigpu.core.train import History, TrainConfig
+from multigpu.runtime import checkpoint
+from multigpu.runtime.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
     InvalidCheckpointError,
@@ -37,8 +40,6 @@ from multigpu.checkpoint import (
     strip_prefix,
     unwrap,
 )
-from multigpu.devices import simulated_devices
-from multigpu.train import History, TrainConfig
 
 
 def small_model(seed: int = 0) -> nn.Module:
@@ -483,7 +484,7 @@ def test_a_config_round_trips_through_weights_only_loading(tmp_path):
     )
     raw = torch.load(path, weights_only=True)  # plain torch.load reads it too
     assert raw["config"] == {
-        "__dataclass__": "multigpu.train.TrainConfig",
+        "__dataclass__": "multigpu.core.train.TrainConfig",
         "fields": dataclasses.asdict(config),
     }
     loaded = load_checkpoint(path, small_model(1))
@@ -517,7 +518,7 @@ def test_a_file_naming_other_code_imports_and_runs_nothing(tmp_path):
 
 def test_a_stored_config_that_no_longer_fits_is_a_clear_error(tmp_path):
     stored = {
-        "__dataclass__": "multigpu.train.TrainConfig",
+        "__dataclass__": "multigpu.core.train.TrainConfig",
         "fields": {"epochs": 1, "colour": "red"},
     }
     torch.save(
@@ -527,7 +528,7 @@ def test_a_stored_config_that_no_longer_fits_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(tmp_path / "c.pt", small_model(1))
     assert str(error.value) == (
-        "c.pt stores a multigpu.train.TrainConfig that this version of multigpu "
+        "c.pt stores a multigpu.core.train.TrainConfig that this version of multigpu "
         "cannot build again from its fields (TypeError: TrainConfig.__init__() got "
         "an unexpected keyword argument 'colour'). Load it with the version of "
         "multigpu that saved it, or read its fields with torch.load and build the "
@@ -801,7 +802,7 @@ def test_the_next_save_removes_stale_temporaries_only(tmp_path):
 KILLED_SAVE = """
 import os, sys, time
 import torch
-from multigpu import checkpoint
+from multigpu.runtime import checkpoint
 
 def stop_before_the_rename(descriptor):  # all bytes written; now hang
     print("written", flush=True)

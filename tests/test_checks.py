@@ -1,8 +1,8 @@
-"""Tests for multigpu.checks: each bad value gets one clear message."""
+"""Tests for multigpu.core.checks: each bad value gets one clear message."""
 
 import pytest
 
-from multigpu.checks import check_choice, check_number, check_positive_int
+from multigpu.core.checks import check_choice, check_number, check_positive_int
 
 
 @pytest.mark.parametrize("value", [1, 7])

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from multigpu import collectives as C
 from multigpu import costmodel, workers, zero
-from multigpu.launch import spawn
+from multigpu.runtime.launch import spawn
 
 # (shape, dtype): sizes divisible by 1..4 or not, smaller than the world, empty,
 # several dimensions, floats and integers, and chunks larger than PIECE_BYTES.

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from multigpu import data
-from multigpu.data import (
+from multigpu.core import data
+from multigpu.core.data import (
     DatasetNotFoundError,
     dataset_info,
     get_dataset,
@@ -137,7 +137,7 @@ def test_missing_dataset_offline_names_dataset_folder_and_command(tmp_path, offl
     assert "Dataset 'mnist' is not in" in message
     assert str(tmp_path / "MNIST" / "raw") in message
     assert "downloading it failed" in message
-    assert "python -m multigpu.data fetch mnist" in message
+    assert "python -m multigpu.core.data fetch mnist" in message
 
 
 def test_missing_dataset_without_download_does_not_touch_the_network(tmp_path, offline):
@@ -157,7 +157,7 @@ def test_data_root_follows_the_environment(monkeypatch, tmp_path):
 
 def test_fetch_command_usage(capsys):
     assert data.main([]) == 2
-    assert "usage: python -m multigpu.data fetch" in capsys.readouterr().err
+    assert "usage: python -m multigpu.core.data fetch" in capsys.readouterr().err
 
 
 def test_epoch_sampler_order_depends_only_on_seed_and_epoch():

@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.parallel import scatter_gather as torch_scatter_gather
 
 from multigpu import dataparallel as dp
-from multigpu.devices import simulated_devices
-from multigpu.models import ConvNet
+from multigpu.core.devices import simulated_devices
+from multigpu.core.models import ConvNet
 
 SCALAR_WARNING = (
     "Was asked to gather along dimension 0, but all input tensors were scalars; "
@@ -367,7 +367,7 @@ def test_no_device_ids_without_cuda_is_a_clear_error(monkeypatch):
         dp.DataParallel(nn.Linear(1, 1))
     assert str(error.value) == (
         "DataParallel got no device_ids and this machine has no CUDA GPU. Pass "
-        "simulated devices, e.g. device_ids=multigpu.devices.simulated_devices(2)."
+        "simulated devices, e.g. device_ids=multigpu.core.devices.simulated_devices(2)."
     )
 
 

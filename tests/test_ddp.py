@@ -19,10 +19,10 @@ import torch.distributed as dist
 from multigpu import ddp
 from multigpu.allreduce_sgd import batch_indices, max_parameter_difference
 from multigpu.allreduce_sgd import train_single_process as single_process
-from multigpu.launch import WorkerError, run_torchrun, spawn
-from multigpu.models import ConvNet
+from multigpu.core.models import ConvNet
+from multigpu.core.train import TrainConfig, evaluate
+from multigpu.runtime.launch import WorkerError, run_torchrun, spawn
 from multigpu.syncbn import convert_sync_batchnorm
-from multigpu.train import TrainConfig, evaluate
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
 CONFIG = TrainConfig(epochs=2, batch_size=16, lr=0.2, momentum=0.5, seed=3)

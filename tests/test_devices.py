@@ -3,8 +3,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from multigpu import devices
-from multigpu.devices import (
+from multigpu.core import devices
+from multigpu.core.devices import (
     Device,
     choose_backend,
     parse_visible_devices,

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from multigpu import ddp, faults, snapshot
-from multigpu.data import get_dataset, tensors
-from multigpu.launch import spawn
-from multigpu.models import ConvNet
-from multigpu.reproducibility import set_seed
-from multigpu.train import TrainConfig
+from multigpu.core.data import get_dataset, tensors
+from multigpu.core.models import ConvNet
+from multigpu.core.reproducibility import set_seed
+from multigpu.core.train import TrainConfig
+from multigpu.runtime.launch import spawn
 
 SAMPLES = 512  # 8 steps of 64 per epoch
 EPOCHS = 3  # 24 steps

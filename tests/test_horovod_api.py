@@ -20,9 +20,9 @@ from multigpu import horovod_api as hvd
 from multigpu import miniddp
 from multigpu.allreduce_sgd import max_parameter_difference, world_losses
 from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.core.train import TrainConfig
 from multigpu.ddp import NotLaunchedByTorchrunError, in_one_launch
-from multigpu.launch import spawn
-from multigpu.train import TrainConfig
+from multigpu.runtime.launch import spawn
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
 CONFIG = TrainConfig(epochs=2, batch_size=16, lr=0.2, momentum=0.5, seed=3)
@@ -150,7 +150,7 @@ def test_rank_size_and_allreduce_average_and_sum(runs):
 NOT_INITIALIZED = (
     "hvd.{}() was called before hvd.init(), so there is no process group to ask. "
     "Call hvd.init() first, once at the start of the script (in a worker of "
-    "multigpu.launch.spawn too)."
+    "multigpu.runtime.launch.spawn too)."
 )
 
 

@@ -1,4 +1,4 @@
-"""Tests for multigpu.launch: results, errors from failing ranks, deadlines, no
+"""Tests for multigpu.runtime.launch: results, errors from failing ranks, deadlines, no
 leftovers (not even when the caller of spawn is killed)."""
 
 import importlib.util
@@ -15,8 +15,9 @@ import psutil
 import pytest
 import torch
 
-from multigpu import launch, workers
-from multigpu.launch import (
+from multigpu import workers
+from multigpu.runtime import launch
+from multigpu.runtime.launch import (
     DeadlineExceededError,
     TorchrunError,
     WorkerError,
@@ -498,7 +499,7 @@ def test_without_ddp_destroy_process_group_ends_the_gloo_threads():
 def test_exit_rank_flushes_the_output_and_keeps_the_exit_status():
     script = (
         "import sys\n"
-        "from multigpu.launch import exit_rank\n"
+        "from multigpu.runtime.launch import exit_rank\n"
         "print('to stdout', end='')\n"
         "print('to stderr', end='', file=sys.stderr)\n"
         "exit_rank(3)\n"
@@ -530,8 +531,8 @@ def test_run_torchrun_stops_a_run_that_takes_too_long():
 
 def test_the_training_launches_of_notebook_08_carry_a_deadline(monkeypatch):
     from multigpu import allreduce_sgd
-    from multigpu.models import ConvNet
-    from multigpu.train import TrainConfig
+    from multigpu.core.models import ConvNet
+    from multigpu.core.train import TrainConfig
 
     calls = []
 

@@ -16,11 +16,11 @@ from conftest import convnet_problem
 from multigpu import miniddp
 from multigpu.allreduce_sgd import max_parameter_difference
 from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.core.models import ConvNet, mlp
+from multigpu.core.train import TrainConfig
 from multigpu.ddp import in_one_launch
-from multigpu.launch import spawn
 from multigpu.miniddp import Event
-from multigpu.models import ConvNet, mlp
-from multigpu.train import TrainConfig
+from multigpu.runtime.launch import spawn
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
 CONFIG = TrainConfig(epochs=2, batch_size=16, lr=0.2, momentum=0.5, seed=3)
@@ -238,7 +238,7 @@ RIGHT = {"divide": DIVIDE, "launch": LAUNCH, "finish": "bucket.work.wait()" + CO
 
 @pytest.fixture
 def learner_module():
-    from multigpu import scratch
+    from multigpu.runtime import scratch
 
     yield lambda source: scratch.write_module("learner_ddp", source).MyDDP
     scratch.clean_up()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from multigpu.models import ConvNet, count_parameters, resnet
+from multigpu.core.models import ConvNet, count_parameters, resnet
 
 
 @pytest.mark.parametrize("channels,size", [(1, 8), (1, 28), (3, 32)])
@@ -62,7 +62,7 @@ def test_resnet_adapts_to_grey_images():
 
 
 def test_temperature_net_divides_the_convnet_logits():
-    from multigpu.models import TemperatureNet
+    from multigpu.core.models import TemperatureNet
 
     torch.manual_seed(0)
     model = TemperatureNet()
@@ -74,7 +74,7 @@ def test_temperature_net_divides_the_convnet_logits():
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_loss_net_returns_the_cross_entropy(reduction):
-    from multigpu.models import LossNet
+    from multigpu.core.models import LossNet
 
     torch.manual_seed(0)
     net = ConvNet()
@@ -85,7 +85,7 @@ def test_loss_net_returns_the_cross_entropy(reduction):
 
 
 def test_flat_gradients_is_the_gradient_of_the_loss_only():
-    from multigpu.models import flat_gradients
+    from multigpu.core.models import flat_gradients
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

@@ -5,8 +5,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from multigpu import plots  # noqa: E402
+from multigpu.core.train import History  # noqa: E402
 from multigpu.plots import plot_history  # noqa: E402
-from multigpu.train import History  # noqa: E402
 
 
 def test_history_plot_has_loss_and_accuracy_panels():
@@ -181,7 +181,7 @@ def test_a_recorded_one_device_step_draws_one_lane_and_one_bar():
     import torch
 
     from multigpu import dataparallel as dp
-    from multigpu.devices import simulated_devices
+    from multigpu.core.devices import simulated_devices
     from multigpu.plots import plot_memory, plot_timeline
 
     torch.manual_seed(0)

@@ -1,11 +1,11 @@
-"""Tests for multigpu.reproducibility: seeding and stable rounding."""
+"""Tests for multigpu.core.reproducibility: seeding and stable rounding."""
 
 import random
 
 import numpy as np
 import torch
 
-from multigpu.reproducibility import round_sig, set_seed
+from multigpu.core.reproducibility import round_sig, set_seed
 
 
 def test_set_seed_makes_every_generator_repeat():

@@ -1,11 +1,11 @@
-"""Tests for multigpu.scratch: learners' modules, importable here and by the ranks."""
+"""Tests for multigpu.runtime.scratch: learners' modules, importable here and by the ranks."""
 
 import os
 import sys
 
 import pytest
 
-from multigpu import launch, scratch
+from multigpu.runtime import launch, scratch
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from multigpu import syncbn
-from multigpu.launch import spawn
-from multigpu.models import ConvNet
+from multigpu.core.models import ConvNet
+from multigpu.runtime.launch import spawn
 
 
 def _batch():

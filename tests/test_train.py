@@ -3,10 +3,10 @@ import re
 import pytest
 import torch
 
-from multigpu.data import get_dataset, make_loader, tensors
-from multigpu.models import ConvNet
-from multigpu.reproducibility import set_seed
-from multigpu.train import History, TrainConfig, evaluate, evaluation_sums, train
+from multigpu.core.data import get_dataset, make_loader, tensors
+from multigpu.core.models import ConvNet
+from multigpu.core.reproducibility import set_seed
+from multigpu.core.train import History, TrainConfig, evaluate, evaluation_sums, train
 
 
 def run(epochs=2, progress=False):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from multigpu import costmodel, workers
-from multigpu.launch import spawn
+from multigpu.runtime.launch import spawn
 
 
 def test_ping_pong_sends_and_receives():
@@ -102,8 +102,8 @@ def test_the_training_steps_are_sgd_steps_in_one_process(step):
     # Their mistakes are in what the ranks exchange, so with distributed=False each
     # takes sgd_step's step (check_step's tests show each mistake on ranks).
     from multigpu.allreduce_sgd import sgd_step
-    from multigpu.models import ConvNet
-    from multigpu.train import TrainConfig
+    from multigpu.core.models import ConvNet
+    from multigpu.core.train import TrainConfig
 
     torch.manual_seed(0)
     X, y = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))

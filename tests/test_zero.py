@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from multigpu import costmodel, scratch, zero
+from multigpu import costmodel, zero
 from multigpu.collectives import ring_chunk_sizes
-from multigpu.launch import WorkerNotImportableError, spawn
-from multigpu.train import History, TrainConfig
+from multigpu.core.train import History, TrainConfig
+from multigpu.runtime import scratch
+from multigpu.runtime.launch import WorkerNotImportableError, spawn
 
 CONFIG = TrainConfig(epochs=1, batch_size=32, lr=0.01)  # 128 samples: 4 Adam steps
 STEPS = 4

@@ -1,7 +1,7 @@
 """Synchronous data-parallel SGD by hand: shard the data, all-reduce the gradients.
 
 Taught in ``notebooks/08_allreduce_sgd.ipynb``. A run reads the series'
-:class:`~multigpu.train.TrainConfig` and returns a :class:`~multigpu.train.History`
+:class:`~multigpu.core.train.TrainConfig` and returns a :class:`~multigpu.core.train.History`
 per rank, like the single-device loop of 01. The recipe of PyTorch's tutorial
 "Writing Distributed Applications" (Séb Arnold, 2017), whose names ``DataPartitioner``
 and ``average_gradients`` this module borrows, written with today's API:
@@ -48,11 +48,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import collectives
-from .checks import check_positive_int
-from .data import epoch_order
-from .launch import DEFAULT_DEADLINE_S, WorkerNotImportableError, spawn
-from .train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
+from multigpu import collectives
+from multigpu.core.compare import max_parameter_difference
+from multigpu.core.sharding import (  # noqa: F401 (taught in 08)
+    DataPartitioner,
+    batch_indices,
+    epoch_means,
+    per_rank_batch_size,
+    run_batches,
+)
+from multigpu.core.train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
+from multigpu.runtime.launch import DEFAULT_DEADLINE_S, WorkerNotImportableError, spawn
+from multigpu.runtime.rank import rank_device
 
 # A training step: step(model, optimizer, X, y, config, distributed) -> this rank's
 # mean loss, like sgd_step below.
@@ -60,110 +67,6 @@ Step = Callable[
     [nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor, TrainConfig, bool],
     float,
 ]
-
-
-def per_rank_batch_size(global_batch: int, world_size: int) -> int:
-    """Samples per rank per step: ``global_batch // world_size``, only if exact (08)."""
-    check_positive_int("global_batch", global_batch)
-    check_positive_int("world_size", world_size)
-    if global_batch % world_size != 0:
-        lower = global_batch - global_batch % world_size
-        higher = lower + world_size
-        nearest = f"{higher}" if lower == 0 else f"{lower} or {higher}"
-        raise ValueError(
-            f"A global batch of {global_batch} does not split evenly over "
-            f"{world_size} ranks ({global_batch} / {world_size} = "
-            f"{global_batch / world_size:.4g} samples each). Choose a global batch "
-            f"that is a multiple of the world size, e.g. {nearest}."
-        )
-    return global_batch // world_size
-
-
-class DataPartitioner:
-    """Deals a seeded shuffle of indices 0..N-1 to ranks: rank r owns order[r::R] (08).
-
-    Unlike the old tutorial's partitioner (contiguous fractions of one shuffle), the
-    shards interleave, so the ranks' k-th batches together form the single-process
-    run's k-th global batch. Shard sizes differ by at most one sample: unlike
-    ``DistributedSampler(drop_last=False)``, nothing is padded or seen twice.
-    """
-
-    def __init__(self, num_samples: int, world_size: int, seed: int = 0) -> None:
-        check_positive_int("num_samples", num_samples)
-        check_positive_int("world_size", world_size)
-        self.num_samples = num_samples
-        self.world_size = world_size
-        self.seed = seed
-
-    def order(self, epoch: int = 0) -> torch.Tensor:
-        """The epoch's permutation of all indices, (num_samples,) int64."""
-        return epoch_order(self.num_samples, self.seed, epoch)
-
-    def shard(self, rank: int, epoch: int = 0) -> torch.Tensor:
-        """The indices rank ``rank`` owns this epoch, (about num_samples / R,) int64."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(
-                f"rank {rank} is outside this world of {self.world_size} ranks. "
-                f"Pass a rank from 0 to {self.world_size - 1}."
-            )
-        return self.order(epoch)[rank :: self.world_size]
-
-    def shards(self, epoch: int = 0) -> list[torch.Tensor]:
-        """Every rank's shard, in rank order."""
-        return [self.shard(rank, epoch) for rank in range(self.world_size)]
-
-
-def batch_indices(
-    num_samples: int,
-    global_batch: int,
-    steps: int,
-    world_size: int = 1,
-    rank: int = 0,
-    seed: int = 0,
-) -> list[torch.Tensor]:
-    """Rank ``rank``'s sample indices for each step: ``steps`` tensors of (G/R,) (08).
-
-    With ``world_size=1`` these are the single process's global batches.
-    """
-    per_rank = per_rank_batch_size(global_batch, world_size)
-    steps_per_epoch = num_samples // global_batch
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"The global batch of {global_batch} is larger than the {num_samples} "
-            "samples, so not even one full batch fits. Use a global batch of at most "
-            f"{num_samples}."
-        )
-    partitioner = DataPartitioner(num_samples, world_size, seed)
-    batches: list[torch.Tensor] = []
-    for step in range(steps):
-        epoch, k = divmod(step, steps_per_epoch)
-        if k == 0:
-            shard = partitioner.shard(rank, epoch)
-        batches.append(shard[k * per_rank : (k + 1) * per_rank])
-    return batches
-
-
-def run_batches(
-    num_samples: int, config: TrainConfig, world_size: int = 1, rank: int = 0
-) -> tuple[list[torch.Tensor], int]:
-    """This rank's indices for every step of ``config.epochs`` epochs of full global
-    batches of ``config.batch_size`` (:func:`batch_indices`), and the number of
-    steps per epoch: the schedule every training loop of 08, 10 and 12 follows."""
-    steps_per_epoch = num_samples // config.batch_size  # full global batches
-    steps = config.epochs * steps_per_epoch
-    batches = batch_indices(
-        num_samples, config.batch_size, steps, world_size, rank, config.seed
-    )
-    return batches, steps_per_epoch
-
-
-def epoch_means(step_loss: list[float], steps_per_epoch: int) -> list[float]:
-    """The mean step loss of each epoch; every step's batch has the same size, so
-    a plain mean is the epoch's mean loss (08, 10, 12)."""
-    return [
-        sum(step_loss[first : first + steps_per_epoch]) / steps_per_epoch
-        for first in range(0, len(step_loss), steps_per_epoch)
-    ]
 
 
 def allreduce_sum(tensor: torch.Tensor, method: str = "ring") -> None:
@@ -250,7 +153,7 @@ def _train(
     step: Step = sgd_step,
 ) -> History:
     """The loop shared by the single process and every rank; ``step`` does each step."""
-    device = _rank_device() if distributed else torch.device("cpu")
+    device = rank_device() if distributed else torch.device("cpu")
     model = copy.deepcopy(model).to(device)  # never change the caller's weights
     model.train()
     X, y = X.to(device), y.to(device)
@@ -270,13 +173,6 @@ def _train(
         history.seconds.append(time.perf_counter() - start)
     history.parameters = cpu_state_dict(model)
     return history
-
-
-def _rank_device() -> torch.device:
-    """This rank's GPU under nccl (launch.spawn set it), else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def train_single_process(
@@ -324,7 +220,7 @@ def compare_data_parallel(
     keeps every rank on the CPU, where the single-process reference runs too;
     ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank). ``timeout`` bounds each
     collective and ``deadline`` the whole launch, in seconds (see
-    :func:`multigpu.launch.spawn`). ``step`` does each training step on every rank:
+    :func:`multigpu.runtime.launch.spawn`). ``step`` does each training step on every rank:
     :func:`sgd_step`, or a function with its signature from an importable module.
     """
     for config in configs.values():  # fail here, before any process starts
@@ -373,23 +269,6 @@ def world_losses(results: list[History]) -> list[float]:
     """Per step, the mean of the ranks' losses = the loss on the global batch (08)."""
     steps = zip(*(result.step_loss for result in results), strict=True)
     return [sum(losses) / len(results) for losses in steps]
-
-
-def max_parameter_difference(
-    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
-) -> float:
-    """Largest absolute difference between two state_dicts with the same keys (08)."""
-    if a.keys() != b.keys():
-        raise ValueError(
-            "The two state_dicts have different keys. Compare parameters of the "
-            "same model architecture."
-        )
-    if not a:
-        raise ValueError(
-            "The two state_dicts are empty: there are no parameters to compare. "
-            "Pass the results' .parameters after training."
-        )
-    return max((a[name] - b[name]).abs().max().item() for name in a)
 
 
 def compare_with_reference(

@@ -115,9 +115,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .checks import check_choice, check_positive_int
-from .collectives import ring_chunk_sizes
-from .reproducibility import round_sig
+from multigpu.collectives import ring_chunk_sizes
+from multigpu.core.checks import check_choice, check_positive_int
+from multigpu.core.reproducibility import round_sig
 
 # The ZeRO stages by what each rank keeps whole (13), the paper's two ways of
 # counting bytes, and the rows of a memory ledger.

@@ -17,8 +17,8 @@ the ranks up to 3 times, and rank 1 killing itself before step 13 (11)::
 
 Started with plain ``python`` it stops with an error
 that says to use torchrun. The same parts run from a notebook through
-:func:`multigpu.launch.spawn` (:func:`train_ddp`) and
-:func:`multigpu.launch.run_torchrun` (the script itself).
+:func:`multigpu.runtime.launch.spawn` (:func:`train_ddp`) and
+:func:`multigpu.runtime.launch.run_torchrun` (the script itself).
 
 It is notebook 08's recipe with the library doing the work:
 
@@ -51,7 +51,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,97 +62,44 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from .allreduce_sgd import per_rank_batch_size
-from .allreduce_sgd import train_worker as allreduce_sgd_worker
-from .checkpoint import load_checkpoint, save_checkpoint, unwrap
-from .checks import check_choice, check_positive_int
-from .devices import choose_backend
-from .launch import DEFAULT_DEADLINE_S, TorchrunError, exit_rank, run_torchrun, spawn
-from .train import BAR_FORMAT, History, TrainConfig, cpu_state_dict, evaluation_sums
+from multigpu.allreduce_sgd import per_rank_batch_size
+from multigpu.allreduce_sgd import train_worker as allreduce_sgd_worker
+from multigpu.core.checks import check_choice, check_positive_int
+from multigpu.core.train import (
+    BAR_FORMAT,
+    History,
+    TrainConfig,
+    cpu_state_dict,
+    evaluation_sums,
+)
+from multigpu.runtime.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from multigpu.runtime.launch import (  # noqa: F401
+    DEFAULT_DEADLINE_S,
+    TorchrunError,
+    exit_rank,
+    in_one_launch,
+    run_torchrun,
+    spawn,
+)
+from multigpu.runtime.rank import (  # noqa: F401 (the rank environment, taught in 09)
+    COMMAND,
+    ENV_NAMES,
+    TABLE_NAMES,
+    NotEnoughGPUsError,
+    NotLaunchedByTorchrunError,
+    RankEnv,
+    is_main_process,
+    rank_device,
+    rank_table,
+    read_rank_env,
+    reduce_value,
+    setup,
+)
 
-COMMAND = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2"
-ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # what torchrun sets in every rank
 LR_SCALINGS = ("none", "linear")  # names accepted by `lr_scaling=`
 # How gradient accumulation keeps DDP from syncing every micro-batch: the context
 # manager, PyTorch's flag set before the forward (right), or after it (the trap).
 ACCUMULATIONS = ("no_sync", "flag_before_forward", "flag_after_forward")
-
-
-class NotLaunchedByTorchrunError(RuntimeError):
-    """The script was started without torchrun: RANK etc. are not set (09)."""
-
-
-class NotEnoughGPUsError(RuntimeError):
-    """nccl with more ranks on this machine than it has GPUs (09)."""
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """Who this process is, as torchrun tells it through the environment (09)."""
-
-    rank: int  # 0 .. world_size - 1, over all machines
-    local_rank: int  # 0 .. processes on this machine - 1: the GPU to use
-    world_size: int  # processes in all
-
-
-def read_rank_env(environ: Mapping[str, str] | None = None) -> RankEnv:
-    """``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` from the environment (09)."""
-    environ = os.environ if environ is None else environ
-    missing = [name for name in ENV_NAMES if name not in environ]
-    if missing:
-        raise NotLaunchedByTorchrunError(
-            f"{', '.join(missing)} not set: this script runs one process per rank "
-            "and must be started by torchrun, which starts them and sets these "
-            f"variables. Run it as: {COMMAND}"
-        )
-    return RankEnv(*(int(environ[name]) for name in ENV_NAMES))
-
-
-TABLE_NAMES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
-
-
-def rank_table() -> list[dict[str, str]]:
-    """What torchrun told each rank (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``: the
-    node's number, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``), gathered from every rank
-    and sorted by rank; a collective (11)."""
-    mine = {name: os.environ.get(name, "-") for name in TABLE_NAMES}
-    rows: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(rows, mine)
-    return sorted(rows, key=lambda row: int(row["RANK"]))
-
-
-def setup(backend: str = "auto") -> tuple[RankEnv, torch.device]:
-    """Join the process group torchrun prepared; return (who I am, my device) (09).
-
-    ``backend="auto"``: gloo on CPU, nccl when GPUs are visible (one per rank, chosen
-    by ``LOCAL_RANK`` and set with ``torch.cuda.set_device`` before anything else
-    touches CUDA, so that no rank creates a context on GPU 0).
-    """
-    env = read_rank_env()
-    backend = choose_backend() if backend == "auto" else backend
-    check_choice("backend", backend, ("gloo", "nccl"))
-    device = torch.device("cpu")
-    if backend == "nccl":
-        gpus = torch.cuda.device_count()
-        if env.local_rank >= gpus:
-            raise NotEnoughGPUsError(
-                f"nccl needs one GPU per rank, but this is local rank "
-                f"{env.local_rank} on a machine with {gpus} GPU(s) visible. Start at "
-                f"most {gpus} processes per node (torchrun --nproc-per-node={gpus}), "
-                "or pass --backend gloo."
-            )
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend)  # reads MASTER_ADDR/PORT, RANK, WORLD_SIZE
-    return env, device
-
-
-def rank_device() -> torch.device:
-    """This rank's device in a running group: its GPU under nccl, else the CPU (09)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def wrap(model: nn.Module, device: torch.device | None = None, **options: Any) -> DDP:
@@ -165,22 +111,6 @@ def wrap(model: nn.Module, device: torch.device | None = None, **options: Any) -
     if device.type == "cuda":
         return DDP(model, device_ids=[device.index], **options)
     return DDP(model, **options)
-
-
-def is_main_process() -> bool:
-    """True on rank 0, or without a process group: the rank that prints and saves."""
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def reduce_value(value: torch.Tensor, average: bool = True) -> torch.Tensor:
-    """``value`` summed (or averaged) over the ranks, as a new tensor; every rank
-    gets the same result. The original is not changed (09)."""
-    result = value.detach().clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(result, op=dist.ReduceOp.SUM)
-        if average:
-            result /= dist.get_world_size()
-    return result
 
 
 # ----------------------------------------------------------------------------------
@@ -256,7 +186,7 @@ def _sums(
     model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> torch.Tensor:
     """[sum of losses, correct, count] of ``model`` on X, y as a float64 tensor,
-    from :func:`multigpu.train.evaluation_sums` over batches of ``batch_size``."""
+    from :func:`multigpu.core.train.evaluation_sums` over batches of ``batch_size``."""
     module = unwrap(model)  # no DDP forward: it may sync buffers, a collective
     batches = (
         (X[start : start + batch_size], y[start : start + batch_size])
@@ -272,7 +202,7 @@ def evaluate_distributed(
     evaluating its :func:`exact_shard`; every sample counts exactly once (09).
 
     The ranks all-reduce three sums (loss, correct, count), so every rank returns
-    the numbers one process would compute with :func:`multigpu.train.evaluate`: the
+    the numbers one process would compute with :func:`multigpu.core.train.evaluate`: the
     same accuracy exactly, the loss up to the order of float additions.
     """
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -715,14 +645,14 @@ def _check_positive_option(
 def build_model(sync_bn: bool, device: torch.device) -> nn.Module:
     """ConvNet, with BatchNorm synchronized over the ranks if ``sync_bn``:
     ``nn.SyncBatchNorm`` on GPUs, the reference one on CPUs (09b)."""
-    from .models import ConvNet
+    from multigpu.core.models import ConvNet
 
     model = ConvNet(batch_norm=sync_bn)
     if sync_bn:
         if device.type == "cuda":
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         else:
-            from .syncbn import convert_sync_batchnorm
+            from multigpu.syncbn import convert_sync_batchnorm
 
             model = convert_sync_batchnorm(model)
     return model
@@ -737,8 +667,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        from .data import get_dataset, tensors
-        from .reproducibility import set_seed
+        from multigpu.core.data import get_dataset, tensors
+        from multigpu.core.reproducibility import set_seed
 
         config = TrainConfig(
             epochs=args.epochs,
@@ -770,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                 for row in table:
                     print(" | ".join(row[name] for name in TABLE_NAMES), flush=True)
         if args.snapshot is not None:  # notebook 11: snapshots and restarts
-            from .snapshot import Fault, train_with_snapshots
+            from multigpu.snapshot import Fault, train_with_snapshots
 
             fault = None
             if args.kill_rank is not None:
@@ -824,20 +754,11 @@ if __name__ == "__main__":
 # What the ranks run in the demonstrations of notebooks 09 and 09b and in the tests
 
 
-def in_one_launch(
-    rank: int, world_size: int, calls: list[tuple[Callable[..., Any], tuple]]
-) -> list[Any]:
-    """Run several workers one after the other on the same ranks and return their
-    results in order: starting processes costs more than this model's training
-    (09, 09b)."""
-    return [worker(rank, world_size, *args) for worker, args in calls]
-
-
 def broadcast_at_construction(rank: int, world_size: int, seed: int = 0) -> dict:
     """Each rank builds ConvNet from its *own* seed (``seed + rank``), then wraps it
     in DDP. Returns whether the ranks' weights differed before and agree after (09)."""
-    from .models import ConvNet
-    from .reproducibility import set_seed
+    from multigpu.core.models import ConvNet
+    from multigpu.core.reproducibility import set_seed
 
     set_seed(seed + rank)
     model = ConvNet()
@@ -1007,7 +928,7 @@ def step_times(
     all-reduced, from its logging data (bench/ddp.py, 09, 12)."""
     import statistics
 
-    from .models import ConvNet
+    from multigpu.core.models import ConvNet
 
     torch.manual_seed(0)
     model = wrap(copy.deepcopy(model) if model is not None else ConvNet())

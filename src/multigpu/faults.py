@@ -41,9 +41,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .checks import check_number, check_positive_int
-from .launch import TorchrunError, run_torchrun, start_torchrun, stop_torchrun
-from .snapshot import SNAPSHOT_FILE, read_events
+from multigpu.core.checks import check_number, check_positive_int
+from multigpu.runtime.launch import (
+    TorchrunError,
+    run_torchrun,
+    start_torchrun,
+    stop_torchrun,
+)
+from multigpu.snapshot import SNAPSHOT_FILE, read_events
 
 HOST = "127.0.0.1"
 SETUP_TIMEOUT_S = 60.0  # for making the groups of the hang demonstrations

@@ -18,7 +18,7 @@ here with one line changed::
     import multigpu.horovod_api as hvd   # instead of: import horovod.torch as hvd
 
 and is started with ``torchrun --nproc-per-node=4 train.py``, or from a notebook
-with :func:`multigpu.launch.spawn`. Horovod itself cannot be installed here:
+with :func:`multigpu.runtime.launch.spawn`. Horovod itself cannot be installed here:
 ``pip install horovod`` compiles its PyTorch extension from source, and its last
 release, 0.28.1 (June 2023), compiles it as C++14, while PyTorch's headers need
 C++17 since PyTorch 2.1. Horovod's main branch switched to C++17 in August 2024, but
@@ -71,11 +71,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .allreduce_sgd import epoch_means, per_rank_batch_size, run_batches
-from .checks import check_choice, check_number, check_positive_int
-from .ddp import ENV_NAMES, NotLaunchedByTorchrunError, rank_device, reduce_value, setup
-from .miniddp import MB
-from .train import History, TrainConfig, cpu_state_dict
+from multigpu.allreduce_sgd import epoch_means, per_rank_batch_size, run_batches
+from multigpu.core.checks import check_choice, check_number, check_positive_int
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.ddp import (
+    ENV_NAMES,
+    NotLaunchedByTorchrunError,
+    rank_device,
+    reduce_value,
+    setup,
+)
+from multigpu.miniddp import MB
 
 Average = "average"  # op=hvd.Average: the sum over the ranks divided by their number
 Sum = "sum"  # op=hvd.Sum: the sum over the ranks
@@ -171,7 +177,7 @@ _state = _State()
 
 def init() -> None:
     """Join the process group: create it from torchrun's environment if it does
-    not exist yet, else use it (as in a worker of :func:`multigpu.launch.spawn`)
+    not exist yet, else use it (as in a worker of :func:`multigpu.runtime.launch.spawn`)
     (12)."""
     if not dist.is_initialized():
         missing = [name for name in ENV_NAMES if name not in os.environ]
@@ -182,7 +188,7 @@ def init() -> None:
                 "horovodrun's part here. Start the script with `torchrun "
                 "--nproc-per-node=N train.py` (for `horovodrun -np N python "
                 "train.py`), or call hvd.init() in a worker started by "
-                "multigpu.launch.spawn."
+                "multigpu.runtime.launch.spawn."
             )
         setup()  # gloo on CPU, nccl with one GPU per rank
         _state.owns_group = True
@@ -208,7 +214,7 @@ def _require_init(call: str) -> None:
         raise NotInitializedError(
             f"hvd.{call}() was called before hvd.init(), so there is no process "
             "group to ask. Call hvd.init() first, once at the start of the script "
-            "(in a worker of multigpu.launch.spawn too)."
+            "(in a worker of multigpu.runtime.launch.spawn too)."
         )
     if not dist.is_initialized():
         raise NotInitializedError(

@@ -56,9 +56,9 @@ from torch import nn
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce_sgd import epoch_means, max_parameter_difference, run_batches
-from .checks import check_choice, check_number
-from .train import History, TrainConfig, cpu_state_dict
+from multigpu.allreduce_sgd import epoch_means, max_parameter_difference, run_batches
+from multigpu.core.checks import check_choice, check_number
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
 
 # The three steps of the ladder, and PyTorch's DDP for comparison.
 STRATEGIES = ("after_backward", "flat", "bucketed", "torch")
@@ -750,8 +750,8 @@ def check_wrapper(
     batch, and start each bucket's all-reduce during backward? (passed, what to
     fix) (10). ``wrapper`` must live in a module the ranks can import (a
     ``%%module`` cell)."""
-    from .allreduce_sgd import train_single_process
-    from .launch import spawn
+    from multigpu.allreduce_sgd import train_single_process
+    from multigpu.runtime.launch import spawn
 
     if not (isinstance(wrapper, type) and issubclass(wrapper, BucketedDDP)):
         raise TypeError(

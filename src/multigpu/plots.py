@@ -13,9 +13,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .checks import check_positive_int
-from .collectives import all_gather_send_chunk, reduce_scatter_send_chunk
-from .train import History
+from multigpu.collectives import all_gather_send_chunk, reduce_scatter_send_chunk
+from multigpu.core.checks import check_positive_int
+from multigpu.core.train import History
 
 
 def plot_history(

@@ -53,11 +53,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .allreduce_sgd import per_rank_batch_size
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, unwrap
-from .checks import check_number, check_positive_int
-from .ddp import evaluate_distributed, rank_device, reduce_value, wrap
-from .train import History, TrainConfig, cpu_state_dict
+from multigpu.allreduce_sgd import per_rank_batch_size
+from multigpu.core.checks import check_number, check_positive_int
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.ddp import evaluate_distributed, rank_device, reduce_value, wrap
+from multigpu.runtime.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    unwrap,
+)
 
 SNAPSHOT_FILE = "snapshot.pt"  # the snapshot's name inside its folder
 EVENTS_FILE = "events.jsonl"  # one JSON object per line: what happened, and when

@@ -13,7 +13,7 @@ Run as a module it is also the torchrun example of ``launch.run_torchrun``::
     torchrun --standalone --nproc-per-node=2 -m multigpu.workers
 
 and, with ``ddp-exit [return|exit_rank]``, the demonstration of why a torchrun
-script ends with :func:`multigpu.launch.exit_rank` (:func:`ddp_exit_demo`).
+script ends with :func:`multigpu.runtime.launch.exit_rank` (:func:`ddp_exit_demo`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
-from .costmodel import bus_bandwidth, ring_bytes_per_rank
+from multigpu.collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
+from multigpu.costmodel import bus_bandwidth, ring_bytes_per_rank
 
 # ----------------------------------------------------------------------------------
 # Ranks and processes: what launch.spawn does when all goes well, and when not
@@ -374,7 +374,9 @@ def scaling_measurements(
     one launch: ``dist.all_reduce`` times at ``sizes_bytes`` (none on one rank), then
     the median step time of ``model`` under DDP with its all-reduce ("synced") and
     without it ("no_sync") (12)."""
-    from .ddp import step_times  # here: importing ddp slows every rank's start by ~2 s
+    from multigpu.ddp import (
+        step_times,  # here: importing ddp slows every rank's start by ~2 s
+    )
 
     rows = []
     if world_size > 1:
@@ -488,7 +490,7 @@ def ddp_exit_demo() -> None:
     ``destroy_process_group()`` and end at once, as a training script does. Rank 0
     prints the process's native threads before joining, in the group, and after
     destroying it: once DDP was built, the gloo threads outlive the group, which
-    is why a torchrun script ends with :func:`multigpu.launch.exit_rank` (tests and
+    is why a torchrun script ends with :func:`multigpu.runtime.launch.exit_rank` (tests and
     ``bench/exit_abort.py``)."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -514,7 +516,7 @@ def ddp_exit_demo() -> None:
 
 
 if __name__ == "__main__":
-    from .launch import exit_rank
+    from multigpu.runtime.launch import exit_rank
 
     if sys.argv[1:2] == ["ddp-exit"]:
         ending = sys.argv[2] if len(sys.argv) > 2 else "exit_rank"

@@ -34,13 +34,13 @@ of :mod:`multigpu.collectives`:
   ordinary model in one process, and :func:`load_fsdp2_checkpoint` into FSDP2
   on any number of ranks.
 
-Training reads the series' :class:`~multigpu.train.TrainConfig` (``epochs``,
+Training reads the series' :class:`~multigpu.core.train.TrainConfig` (``epochs``,
 ``batch_size`` (the global batch), ``lr``, ``seed``; ``momentum``, ``allreduce``
 and ``reduction`` are not used) and follows notebook 08's batches
 (:func:`~multigpu.allreduce_sgd.run_batches`). The optimizer is
 ``torch.optim.Adam(parameters, lr=config.lr)``: Adam's other hyper-parameters are
 PyTorch's defaults, betas (0.9, 0.999), eps 1e-8, no weight decay. Every run
-returns a :class:`~multigpu.train.History`; a rank of a sharded run returns a
+returns a :class:`~multigpu.core.train.History`; a rank of a sharded run returns a
 :class:`ShardedHistory`, a History with what the rank measured.
 
 Every rank measures what it holds after a step (:func:`measure_ledger`, on the
@@ -51,7 +51,7 @@ part), so timing gloo says nothing about the volumes: they come from the
 hand-written collectives and the formulas (``costmodel.zero_bytes_sent_theory``).
 The figure of the ledgers is :func:`multigpu.plots.plot_zero_ledgers`.
 
-The rank functions that ``multigpu.launch.spawn`` runs live in this module:
+The rank functions that ``multigpu.runtime.launch.spawn`` runs live in this module:
 :func:`stages_worker`, :func:`ddp_worker`, :func:`fsdp2_worker`,
 :func:`fsdp2_load_worker` and :func:`collectives_worker`. PyTorch's files:
 https://github.com/pytorch/pytorch/tree/main/torch/distributed/fsdp/_fully_shard and
@@ -73,12 +73,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from .allreduce_sgd import epoch_means, run_batches
-from .checks import check_choice, check_positive_int
-from .collectives import all_gather, reduce_scatter, ring_all_reduce, ring_chunk_sizes
-from .costmodel import LEDGER_CATEGORIES, ZERO_STAGES, zero_bytes_sent_per_rank
-from .launch import WorkerNotImportableError, spawn
-from .train import History, TrainConfig, cpu_state_dict
+from multigpu.allreduce_sgd import epoch_means, run_batches
+from multigpu.collectives import (
+    all_gather,
+    reduce_scatter,
+    ring_all_reduce,
+    ring_chunk_sizes,
+)
+from multigpu.core.checks import check_choice, check_positive_int
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.costmodel import LEDGER_CATEGORIES, ZERO_STAGES, zero_bytes_sent_per_rank
+from multigpu.runtime.launch import WorkerNotImportableError, spawn
 
 STAGES = ZERO_STAGES  # "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3": what each keeps whole
 CATEGORIES = LEDGER_CATEGORIES  # a ledger's rows: parameters, gradients, ...
@@ -93,7 +98,7 @@ Step = Callable[
 
 @dataclass
 class ShardedHistory(History):
-    """A :class:`~multigpu.train.History` of one rank of a sharded run, with what
+    """A :class:`~multigpu.core.train.History` of one rank of a sharded run, with what
     the rank measured: ``parameters`` are the full weights, gathered (13)."""
 
     bytes_sent: list[int] = field(default_factory=list)  # per step, by this rank

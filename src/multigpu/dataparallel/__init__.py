@@ -13,7 +13,7 @@ PyTorch's versions of these four steps refuse CPU devices, and without CUDA
 ``nn.DataParallel`` silently calls the module unchanged. This package has the same
 functions with the same signatures and semantics, on any list of devices,
 including *simulated* ones ("gpu:0", "gpu:1", ... from
-``multigpu.devices.simulated_devices``) that all compute on the CPU. On real CUDA
+``multigpu.core.devices.simulated_devices``) that all compute on the CPU. On real CUDA
 devices they run on the GPUs for real. Its files mirror ``torch/nn/parallel``
 (https://github.com/pytorch/pytorch/tree/main/torch/nn/parallel), so you can read
 them side by side:
@@ -35,12 +35,23 @@ this package                  PyTorch
 ``import multigpu.dataparallel as dp`` gives all the public names below.
 """
 
-from .data_parallel import DataParallel
-from .parallel_apply import parallel_apply
-from .placement import device_of, to_device
-from .recorder import CATEGORIES, Event, Recorder, RecordingDataParallel, record_step
-from .replicate import replica_weights, replicate
-from .scatter_gather import gather, scatter, scatter_kwargs, scatter_sizes
+from multigpu.dataparallel.data_parallel import DataParallel
+from multigpu.dataparallel.parallel_apply import parallel_apply
+from multigpu.dataparallel.placement import device_of, to_device
+from multigpu.dataparallel.recorder import (
+    CATEGORIES,
+    Event,
+    Recorder,
+    RecordingDataParallel,
+    record_step,
+)
+from multigpu.dataparallel.replicate import replica_weights, replicate
+from multigpu.dataparallel.scatter_gather import (
+    gather,
+    scatter,
+    scatter_kwargs,
+    scatter_sizes,
+)
 
 __all__ = [
     "CATEGORIES",

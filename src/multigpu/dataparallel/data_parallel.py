@@ -25,11 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import Device, cuda_device_count
-from .parallel_apply import parallel_apply
-from .placement import DeviceSpec, check_devices, device_of, resolve, to_device
-from .replicate import replicate
-from .scatter_gather import gather, scatter_kwargs
+from multigpu.core.devices import Device, cuda_device_count
+from multigpu.dataparallel.parallel_apply import parallel_apply
+from multigpu.dataparallel.placement import (
+    DeviceSpec,
+    check_devices,
+    device_of,
+    resolve,
+    to_device,
+)
+from multigpu.dataparallel.replicate import replicate
+from multigpu.dataparallel.scatter_gather import gather, scatter_kwargs
 
 __all__ = ["DataParallel"]
 
@@ -51,7 +57,7 @@ class DataParallel(nn.Module):
                 raise ValueError(
                     "DataParallel got no device_ids and this machine has no CUDA "
                     "GPU. Pass simulated devices, e.g. "
-                    "device_ids=multigpu.devices.simulated_devices(2)."
+                    "device_ids=multigpu.core.devices.simulated_devices(2)."
                 )
             device_ids = list(range(cuda_device_count()))
         self.dim = dim

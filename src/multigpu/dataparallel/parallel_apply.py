@@ -23,8 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import Device
-from .placement import DeviceSpec, device_of, is_placed, place, resolve, tensors_in
+from multigpu.core.devices import Device
+from multigpu.dataparallel.placement import (
+    DeviceSpec,
+    device_of,
+    is_placed,
+    place,
+    resolve,
+    tensors_in,
+)
 
 __all__ = ["parallel_apply"]
 

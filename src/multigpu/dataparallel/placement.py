@@ -2,7 +2,7 @@
 
 The counterpart of what CUDA does for PyTorch's DataParallel: a tensor on a real
 GPU knows its ``tensor.device``, and ``tensor.to("cuda:1")`` copies it. A simulated
-device ("gpu:0", "gpu:1", ... from ``multigpu.devices.simulated_devices``) stores
+device ("gpu:0", "gpu:1", ... from ``multigpu.core.devices.simulated_devices``) stores
 its tensors on the CPU, so ``tensor.device`` cannot say which simulated GPU a
 tensor belongs to. A weak registry (a ``torch.utils.weak.WeakIdKeyDictionary``, so
 it never keeps a tensor alive) maps tensors to the ``Device`` they were placed on.
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..devices import Device, resolve_device
+from multigpu.core.devices import Device, resolve_device
 
 __all__ = ["DeviceSpec", "device_of", "to_device", "watch_moves"]
 
@@ -180,6 +180,6 @@ def check_devices(devices: Sequence[DeviceSpec], what: str) -> list[Device]:
     if not resolved:
         raise ValueError(
             f"{what} got an empty list of devices. Pass at least one, e.g. "
-            "multigpu.devices.simulated_devices(2)."
+            "multigpu.core.devices.simulated_devices(2)."
         )
     return resolved

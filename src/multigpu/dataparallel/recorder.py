@@ -96,9 +96,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..devices import Device
-from .data_parallel import DataParallel
-from .placement import (
+from multigpu.core.devices import Device
+from multigpu.dataparallel.data_parallel import DataParallel
+from multigpu.dataparallel.placement import (
     DeviceSpec,
     device_of,
     nbytes,
@@ -108,7 +108,7 @@ from .placement import (
     to_device,
     watch_moves,
 )
-from .replicate import replica_weights
+from multigpu.dataparallel.replicate import replica_weights
 
 __all__ = ["CATEGORIES", "Event", "Recorder", "RecordingDataParallel", "record_step"]
 

@@ -33,8 +33,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import Device
-from .placement import DeviceSpec, check_devices, device_of, move, place
+from multigpu.core.devices import Device
+from multigpu.dataparallel.placement import (
+    DeviceSpec,
+    check_devices,
+    device_of,
+    move,
+    place,
+)
 
 __all__ = ["replica_weights", "replicate"]
 

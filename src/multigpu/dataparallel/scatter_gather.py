@@ -28,8 +28,15 @@ from typing import Any
 
 import torch
 
-from ..devices import Device
-from .placement import DeviceSpec, check_devices, device_of, move, place, resolve
+from multigpu.core.devices import Device
+from multigpu.dataparallel.placement import (
+    DeviceSpec,
+    check_devices,
+    device_of,
+    move,
+    place,
+    resolve,
+)
 
 __all__ = ["gather", "scatter", "scatter_kwargs", "scatter_sizes"]
 

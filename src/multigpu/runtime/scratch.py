@@ -8,7 +8,7 @@ repository, on ``sys.path`` (for this process and the ranks ``spawn`` starts) an
 
 In a notebook::
 
-    %load_ext multigpu.scratch
+    %load_ext multigpu.runtime.scratch
 
     %%module my_ring
     def ring_all_reduce(tensor): ...
@@ -106,7 +106,7 @@ atexit.register(clean_up)  # a kernel that ends without the last cell leaves not
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext multigpu.scratch``: adds the ``%%module NAME`` and
+    """``%load_ext multigpu.runtime.scratch``: adds the ``%%module NAME`` and
     ``%%scratch_file NAME`` cell magics."""
 
     def module(line: str, cell: str) -> None:

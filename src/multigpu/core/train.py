@@ -19,10 +19,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .checks import check_choice, check_number, check_positive_int
-from .data import check_batch_size
-from .devices import Device, default_device, resolve_device
-from .reproducibility import round_sig
+from multigpu.core.checks import check_choice, check_number, check_positive_int
+from multigpu.core.data import check_batch_size
+from multigpu.core.devices import Device, default_device, resolve_device
+from multigpu.core.reproducibility import round_sig
 
 # No elapsed time or rate in the bar: its text is the same on every run and machine,
 # so stored notebook outputs stay comparable. Time per epoch is in History.seconds.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .checks import check_positive_int
+from multigpu.core.checks import check_positive_int
 
 
 class ConvNet(nn.Module):

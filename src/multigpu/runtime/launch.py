@@ -39,7 +39,7 @@ deadline=300.0) -> list``
   before any process starts.
 - Inside each worker the default process group is already initialised and it is
   destroyed after the worker returns. ``backend="auto"`` means
-  :func:`multigpu.devices.choose_backend`: "gloo" on CPU, "nccl" with GPUs (rank r
+  :func:`multigpu.core.devices.choose_backend`: "gloo" on CPU, "nccl" with GPUs (rank r
   then uses ``cuda:r``).
 - Rendezvous: the parent owns a ``torch.distributed.TCPStore`` on 127.0.0.1 with an
   OS-assigned port (port 0), so launches running at the same time never clash; the
@@ -138,7 +138,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
-from .checks import check_positive_int
+from multigpu.core.checks import check_positive_int
 
 HOST = "127.0.0.1"
 # "forkserver": children forked from a server process that imported torch once;
@@ -452,7 +452,7 @@ def _context() -> mp.context.BaseContext:
     return context
 
 
-def _check_importable(worker: Callable[..., Any]) -> None:
+def check_importable(worker: Callable[..., Any]) -> None:
     """Raise WorkerNotImportableError unless a fresh process can import ``worker``."""
     if not callable(worker):
         raise TypeError(
@@ -547,7 +547,7 @@ def _laptop_environment(
 
 
 def _resolve_backend(backend: str, world_size: int) -> str:
-    from .devices import choose_backend, cuda_device_count
+    from multigpu.core.devices import choose_backend, cuda_device_count
 
     if backend == "auto":
         backend = choose_backend()
@@ -595,7 +595,7 @@ def spawn(
     each collective, ``deadline`` the whole launch (seconds; None: no bound). See
     the module docstring."""
     start = time.monotonic()
-    _check_importable(worker)
+    check_importable(worker)
     _check_arguments(world_size, timeout, threads)
     _check_seconds("deadline", deadline, "no deadline")
     backend = _resolve_backend(backend, world_size)
@@ -1229,3 +1229,12 @@ def exit_rank(code: int = 0) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def in_one_launch(
+    rank: int, world_size: int, calls: list[tuple[Callable[..., Any], tuple]]
+) -> list[Any]:
+    """Run several workers one after the other on the same ranks and return their
+    results in order: starting processes costs more than this model's training
+    (09, 09b)."""
+    return [worker(rank, world_size, *args) for worker, args in calls]

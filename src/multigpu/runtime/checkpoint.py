@@ -17,7 +17,7 @@ same target does (see :func:`remove_stale_temporaries`).
 
 A checkpoint holds plain data only (tensors, numbers, strings, lists, dicts), so
 :func:`load_checkpoint` reads it with ``torch.load(..., weights_only=True)``, which
-runs no code from the file. A dataclass such as ``multigpu.train.TrainConfig`` is
+runs no code from the file. A dataclass such as ``multigpu.core.train.TrainConfig`` is
 stored as a dict of its fields with a note of its type, and the package's own
 dataclasses are rebuilt on loading; :func:`save_checkpoint` refuses anything else
 that weights-only loading would refuse, when it is saved rather than when it is
@@ -44,8 +44,8 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from .dataparallel import DataParallel as ReferenceDataParallel
-from .devices import SIMULATED_PREFIX, Device, resolve_device
+from multigpu.core.devices import SIMULATED_PREFIX, Device, resolve_device
+from multigpu.dataparallel import DataParallel as ReferenceDataParallel
 
 try:  # POSIX: a save locks its temporary file while it writes it
     import fcntl

@@ -8,7 +8,7 @@ Taught in ``notebooks/01_single_device_baseline.ipynb`` and used by every later 
   data folder when the machine is online. Offline without a local copy you get an
   error naming the dataset, the folder searched and the command that fetches it::
 
-      python -m multigpu.data fetch mnist
+      python -m multigpu.core.data fetch mnist
 
 The data folder is ``data/`` at the top of the repository, or ``$MULTIGPU_DATA``.
 """
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .checks import check_positive_int
+from multigpu.core.checks import check_positive_int
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data"
+DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "data"
 DIGITS_FILE = Path("digits") / "digits.csv.gz"
 DIGITS_TRAIN_SIZE = 1437  # the other 360 images are the test split
 
@@ -173,7 +173,7 @@ def _not_found(name: str, folder: Path, error: Exception | None) -> str:
     reason = "" if error is None else f" and downloading it failed ({error})"
     return (
         f"Dataset {name!r} is not in {folder}{reason}. Fetch it on a machine that is "
-        f"online with `python -m multigpu.data fetch {name}`, or use the offline "
+        f"online with `python -m multigpu.core.data fetch {name}`, or use the offline "
         "default 'digits'."
     )
 
@@ -222,7 +222,7 @@ def make_loader(
     """A DataLoader whose batch order depends only on ``seed`` and the epoch (01).
 
     Shuffled loaders use :class:`EpochSampler`: call ``loader.sampler.set_epoch(e)``
-    before epoch ``e`` (``multigpu.train.train`` does) for a new order each epoch.
+    before epoch ``e`` (``multigpu.core.train.train`` does) for a new order each epoch.
     """
     check_batch_size(batch_size)
     sampler = EpochSampler(len(dataset), seed) if shuffle else None
@@ -252,10 +252,10 @@ def tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m multigpu.data fetch NAME``: download a dataset into ``data/``."""
+    """``python -m multigpu.core.data fetch NAME``: download a dataset into ``data/``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "fetch":
-        print("usage: python -m multigpu.data fetch {mnist,cifar10}", file=sys.stderr)
+        print("usage: python -m multigpu.core.data fetch {mnist,cifar10}", file=sys.stderr)
         return 2
     for train in (True, False):
         dataset = get_dataset(args[1], train=train, download=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_positive_int
+from multigpu.core.checks import check_positive_int
 
 SIMULATED_PREFIX = "gpu"
 
@@ -120,7 +120,7 @@ def resolve_device(spec: Device | torch.device | str | int) -> Device:
             raise ValueError(
                 f"Device {spec!r} does not exist: this process sees {available} "
                 "CUDA device(s). Use an id below that, or simulated devices "
-                "(multigpu.devices.simulated_devices) on a machine without GPUs."
+                "(multigpu.core.devices.simulated_devices) on a machine without GPUs."
             )
         return Device(f"cuda:{index}", torch.device("cuda", index))
     raise _unknown_device(spec)

@@ -1,0 +1,1 @@
+"""Pure building blocks: no processes, no process groups (01 on)."""

@@ -13,15 +13,21 @@ import torch
 from multigpu.core.models import ConvNet
 
 
-def convnet_problem(num_samples: int = 48, seed: int = 0):
-    """The small float64 problem the training tests share: ConvNet(width=4) for 3
-    classes and ``num_samples`` random 8x8 images, so "equal" means equal to ~1e-15.
-    Each call builds new tensors: a test may change what it gets."""
+def _convnet_problem(num_samples: int = 48, seed: int = 0):
     torch.manual_seed(seed)
     model = ConvNet(in_channels=1, num_classes=3, width=4).double()
     X = torch.randn(num_samples, 1, 8, 8, dtype=torch.float64)
     y = torch.randint(0, 3, (num_samples,))
     return model, X, y
+
+
+@pytest.fixture
+def convnet_problem():
+    """A factory of the small float64 problem the training tests share:
+    ``convnet_problem(num_samples=48, seed=0)`` gives ConvNet(width=4) for 3 classes
+    and ``num_samples`` random 8x8 images, so "equal" means equal to ~1e-15. Each
+    call builds new tensors: a test may change what it gets."""
+    return _convnet_problem
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,7 +30,7 @@ TIMEOUT = 5.0  # seconds for every collective in these tests
 SLACK = 10.0  # extra seconds a loaded 2-core machine may need to report
 ORPHAN_LIMIT_S = 2.0  # the caller died: its last rank must be gone this soon
 HELPER_LIMIT_S = 5.0  # ... and the forkserver and resource tracker this soon
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _descendants() -> set[int]:

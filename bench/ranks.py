@@ -1,0 +1,1 @@
+"""Rank functions only the benchmarks use."""

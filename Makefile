@@ -30,16 +30,18 @@ lab: $(STAMP)
 
 test: lint pytest nbval
 
+# ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 pytest: $(STAMP)
 	$(THREADS) $(BIN)/pytest tests/
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)
-	MULTIGPU_SLOW=1 $(THREADS) $(BIN)/pytest tests/test_fault_tolerance.py
+	MULTIGPU_SLOW=1 $(THREADS) $(BIN)/pytest tests/snapshot tests/faults
 
 # Twice: with this machine's CPU kernels, then with none (ATEN_CPU_CAPABILITY=default,
 # as on some ARM builds), so that no stored output depends on the processor.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from multigpu import workers
+from multigpu.ranks.collectives import time_all_reduces_rank
 from multigpu.runtime.launch import spawn
 
 MiB = 2**20
@@ -36,7 +36,7 @@ def run(world_sizes: list[int], sizes_mib: list[int], repeats: int) -> list[dict
     for world_size in world_sizes:
         for nbytes in [size * MiB for size in sizes_mib]:
             rows = spawn(
-                workers.time_all_reduces,
+                time_all_reduces_rank,
                 world_size,
                 [nbytes],
                 repeats_for(nbytes, repeats),

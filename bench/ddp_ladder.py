@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from multigpu import miniddp
 from multigpu.core.models import count_parameters, mlp
+from multigpu.ranks import miniddp as miniddp_ranks
 from multigpu.runtime.launch import spawn
 
 LADDER = [
@@ -37,7 +37,7 @@ SWEEP = [
 def table(world_size: int, variants: list, steps: int) -> dict:
     model = mlp(in_features=64, width=1024, depth=6)
     times = spawn(
-        miniddp.step_time_worker,
+        miniddp_ranks.step_time_rank,
         world_size,
         model,
         64,

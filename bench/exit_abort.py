@@ -3,15 +3,15 @@
     python bench/exit_abort.py               # 20 launches of 4 ranks per ending
     python bench/exit_abort.py --runs 40 --ranks 2
 
-Each launch runs ``torchrun -m multigpu.workers ddp-exit ENDING``: every rank builds
-a ``DistributedDataParallel``, trains one step, all-gathers a tensor and calls
-``dist.destroy_process_group()``. With ``return`` the script then ends as most
+Each launch runs ``torchrun -m multigpu.ranks.torchrun_example ddp-exit ENDING``: every
+rank builds a ``DistributedDataParallel``, trains one step, all-gathers a tensor and
+calls ``dist.destroy_process_group()``. With ``return`` the script then ends as most
 scripts do, through Python's shutdown; with ``exit_rank`` it calls
-:func:`multigpu.runtime.launch.exit_rank`. The table counts the launches torchrun reported
-as failed, and those whose output holds the C++ runtime's "terminate called"
-message (see ``exit_rank``'s docstring for the chain of causes). The aborts are a
-race, so their count changes from run to run and with the machine's load; the
-``exit_rank`` row must stay at 0.
+:func:`multigpu.runtime.launch.exit_rank`. The table counts the launches torchrun
+reported as failed, and those whose output holds the C++ runtime's "terminate called"
+message (see ``exit_rank``'s docstring for the chain of causes). The aborts are a race,
+so their count changes from run to run and with the machine's load; the ``exit_rank``
+row must stay at 0.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ def count_aborts(ending: str, runs: int, ranks: int) -> tuple[int, int]:
     failed = aborted = 0
     for _ in tqdm(range(runs), desc=ending, leave=False):
         result = run_torchrun(
-            "multigpu.workers", ranks, "ddp-exit", ending, timeout=120, check=False
+            "multigpu.ranks.torchrun_example",
+            ranks,
+            "ddp-exit",
+            ending,
+            timeout=120,
+            check=False,
         )
         failed += result.returncode != 0
         aborted += "terminate called" in result.stdout + result.stderr

@@ -4,16 +4,17 @@
     python bench/orphans.py --repeats 3
 
 A caller (a script, or a real Jupyter kernel) calls ``launch.spawn`` on
-``workers.record_pid_and_spin``: each rank writes its pid to a file, then spins at
-full CPU forever, outside any collective, with no deadline. Once every rank has
-started, the caller is killed by a signal that gives it no chance to clean up
-(SIGKILL; SIGTERM, which Python does not handle by default). The table gives the
-seconds from the kill to the exit of the last rank, and to the exit of the last
-process the caller had started (ranks, forkserver, resource tracker), and how many
-were left after the wait: that must be 0 (see launch's module docstring, "If the
-caller itself dies"). Anything left is killed here, so a failed run leaves nothing.
+``record_pid_and_spin_rank`` (``bench/ranks.py``): each rank writes its pid to a file,
+then spins at full CPU forever, outside any collective, with no deadline. Once every
+rank has started, the caller is killed by a signal that gives it no chance to clean up
+(SIGKILL; SIGTERM, which Python does not handle by default). The table gives the seconds
+from the kill to the exit of the last rank, and to the exit of the last process the
+caller had started (ranks, forkserver, resource tracker), and how many were left after
+the wait: that must be 0 (see docs/launch.md, "If the caller itself dies"). Anything
+left is killed here, so a failed run leaves nothing.
 
-``tests/test_launch.py`` runs the same measurements (from this file) with limits.
+``tests/runtime/launch/test_child.py`` runs the same measurements (from this file)
+with limits.
 """
 
 from __future__ import annotations
@@ -34,15 +35,18 @@ import psutil
 STARTUP_S = 90.0  # the longest a caller may take to start its ranks
 WAIT_S = 10.0  # how long to wait for the processes to end after the kill
 
-SCRIPT = """\
+ROOT = Path(__file__).resolve().parents[1]  # the repository, home of bench.ranks
+SCRIPT = f"""\
 import sys
 
-from multigpu import workers
+sys.path.insert(0, {str(ROOT)!r})  # the ranks inherit it: they import bench.ranks
+
+from bench.ranks import record_pid_and_spin_rank
 from multigpu.runtime import launch
 
 if __name__ == "__main__":
     pid_dir, world_size = sys.argv[1], int(sys.argv[2])
-    launch.spawn(workers.record_pid_and_spin, world_size, pid_dir, deadline=None)
+    launch.spawn(record_pid_and_spin_rank, world_size, pid_dir, deadline=None)
 """
 
 
@@ -172,8 +176,10 @@ def kill_a_kernel(
         client.wait_for_ready(timeout=STARTUP_S)
         kernel_pid = manager.provisioner.pid
         client.execute(
-            "from multigpu import launch, workers\n"
-            f"launch.spawn(workers.record_pid_and_spin, {world_size}, "
+            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "from bench.ranks import record_pid_and_spin_rank\n"
+            "from multigpu.runtime import launch\n"
+            f"launch.spawn(record_pid_and_spin_rank, {world_size}, "
             f"{str(pid_dir)!r}, deadline=None)"
         )
 

@@ -1,1 +1,17 @@
 """Rank functions only the benchmarks use."""
+
+from __future__ import annotations
+
+import os
+
+
+def record_pid_and_spin_rank(rank: int, world_size: int, pid_dir: str) -> None:
+    """Write this process's pid to ``{pid_dir}/rank{rank}.pid``, then spin at full
+    CPU forever outside any collective, like a runaway rank (tests of launch,
+    bench/orphans.py: do the ranks end when their caller dies?)."""
+    path = os.path.join(pid_dir, f"rank{rank}.pid")
+    with open(f"{path}.tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(f"{path}.tmp", path)  # whoever reads it never sees half a pid
+    while True:
+        pass

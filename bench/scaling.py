@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from multigpu import costmodel, workers
+from multigpu import costmodel
 from multigpu.core.models import mlp
+from multigpu.ranks.scaling import scaling_measurements_rank
 from multigpu.runtime.launch import spawn
 
 SIZES = [4 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes
@@ -24,7 +25,7 @@ def main(repeats: int = 3) -> None:
     ratios = []
     for _ in range(repeats):
         for n in (2, 3, 4):
-            m = spawn(workers.scaling_measurements, n, SIZES, model, (64,), 32, 20, 5)
+            m = spawn(scaling_measurements_rank, n, SIZES, model, (64,), 32, 20, 5)
             alpha, bandwidth = costmodel.fit_alpha_beta(m[0]["all_reduce"])
             step = m[0]["step"]
             work = costmodel.Workload("mlp", parameters, step["no_sync"], batch=32)

@@ -21,7 +21,7 @@ def _convnet_problem(num_samples: int = 48, seed: int = 0):
     return model, X, y
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def convnet_problem():
     """A factory of the small float64 problem the training tests share:
     ``convnet_problem(num_samples=48, seed=0)`` gives ConvNet(width=4) for 3 classes

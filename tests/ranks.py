@@ -1,2 +1,207 @@
 """Rank functions only the tests use: ranks that fail, hang, are killed, or take a
 wrong training step (the mistakes the exercise checkers must catch)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from multigpu.ranks.collectives import sum_of_ranks_rank
+
+# ----------------------------------------------------------------------------------
+# Ranks that misbehave (tests of multigpu.runtime.launch)
+
+
+def environment_value_rank(rank: int, world_size: int, name: str) -> str | None:
+    """The value of environment variable ``name`` in this rank (tests of launch)."""
+    return os.environ.get(name)
+
+
+def wait_for_each_other_rank(rank: int, world_size: int) -> int:
+    """Every rank waits to receive from its neighbour and none sends: all time out
+    (tests of launch)."""
+    incoming = torch.zeros(1)
+    dist.recv(incoming, src=(rank + 1) % world_size)
+    return int(incoming.item())
+
+
+def start_sleeper_then_fail_rank(rank: int, world_size: int, pid_file: str) -> None:
+    """Start a long-sleeping subprocess, record its pid in ``pid_file``, then raise
+    (tests of launch)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(f"{pid_file}.{rank}", "w") as handle:
+        handle.write(str(sleeper.pid))
+    raise RuntimeError(f"rank {rank} failed after starting a subprocess")
+
+
+def unpicklable_result_rank(rank: int, world_size: int):
+    """Returns something that cannot be sent back to the parent, a generator (tests
+    of launch)."""
+    return (i for i in range(3))
+
+
+def join_late_rank(rank: int, world_size: int, late_rank: int, delay_s: float) -> int:
+    """Rank ``late_rank`` sleeps ``delay_s`` seconds before it joins the all_reduce:
+    the others wait for it (tests of launch)."""
+    if rank == late_rank:
+        time.sleep(delay_s)
+    return sum_of_ranks_rank(rank, world_size)
+
+
+def exit_without_returning_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` ends its own process with ``os._exit(0)``: it neither
+    returns nor raises (tests of launch)."""
+    if rank == bad_rank:
+        os._exit(0)
+    return rank
+
+
+class UnprintableError(Exception):
+    """An exception whose text cannot be made: ``str()`` of it raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be turned into text")
+
+
+def raise_unprintable_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises an :class:`UnprintableError` (tests of launch)."""
+    if rank == bad_rank:
+        raise UnprintableError()
+    return rank
+
+
+def _refuse_to_unpickle() -> None:
+    raise ValueError("this object cannot be rebuilt outside the rank")
+
+
+class RefusesToUnpickle:
+    """Pickles without complaint, but unpickling it raises ValueError."""
+
+    def __reduce__(self):
+        return (_refuse_to_unpickle, ())
+
+
+def result_that_fails_to_unpickle_rank(rank: int, world_size: int, bad_rank: int):
+    """Rank ``bad_rank`` returns a :class:`RefusesToUnpickle`, which the parent
+    cannot unpickle; the others return their rank (tests of launch)."""
+    return RefusesToUnpickle() if rank == bad_rank else rank
+
+
+def mismatched_shapes_rank(rank: int, world_size: int) -> list[float]:
+    """Each rank all-reduces a tensor of a different size, 4 * (rank + 1) elements:
+    gloo aborts the process that receives more than it expects (tests of launch)."""
+    tensor = torch.zeros(4 * (rank + 1))
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+# ----------------------------------------------------------------------------------
+# Training steps for allreduce_sgd.check_step: one written by hand as notebook 08's
+# exercise asks, and mistakes it must name. Each has sgd_step's signature; ``config``
+# (a TrainConfig) is not used. (tests of allreduce_sgd)
+
+
+def step_all_reducing_each_gradient(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Correct: one ``dist.all_reduce`` per gradient, then divide by the world size."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(X), y)  # mean over this batch
+    loss.backward()
+    if distributed:
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)  # the sum over the ranks
+            parameter.grad /= dist.get_world_size()
+    optimizer.step()
+    return loss.item()
+
+
+def step_without_all_reduce(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: every rank steps with its own gradient, so the ranks drift apart."""
+    return step_all_reducing_each_gradient(model, optimizer, X, y, config)
+
+
+def step_summing_without_dividing(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: the gradients are summed over the ranks but never divided."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(X), y)
+    loss.backward()
+    if distributed:
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)
+    optimizer.step()
+    return loss.item()
+
+
+def step_returning_the_ranks_summed_loss(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: object,
+    distributed: bool = False,
+) -> float:
+    """Mistake: trains correctly, but returns the loss summed over the ranks."""
+    loss = step_all_reducing_each_gradient(model, optimizer, X, y, config, distributed)
+    if not distributed:
+        return loss
+    total = torch.tensor([loss])
+    dist.all_reduce(total)
+    return total.item()
+
+
+# ----------------------------------------------------------------------------------
+# Synchronized BatchNorm (tests of multigpu.syncbn)
+
+
+def forward_backward_rank(
+    rank: int, world_size: int, x: torch.Tensor, layer: torch.nn.Module
+) -> dict[str, torch.Tensor]:
+    """Rank r takes its slice of the global batch ``x`` (B, C, ...), runs ``layer``
+    (a BatchNorm) in training mode and backward of the sum of squared outputs
+    of the whole batch; returns its output, its input gradient, the layer's weight
+    gradient summed over the ranks and its running statistics (tests of syncbn).
+
+    Under nccl the tensors go to this rank's GPU (for ``nn.SyncBatchNorm``)."""
+    import copy
+
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    layer = copy.deepcopy(layer).to(device).train()
+    chunk = x.chunk(world_size)[rank].to(device).requires_grad_(True)
+    out = layer(chunk)
+    (out * out).sum().backward()
+    weight_grad = layer.weight.grad.clone()
+    dist.all_reduce(weight_grad)
+    return {
+        "out": out.detach().cpu(),
+        "grad": chunk.grad.cpu(),
+        "weight grad": weight_grad.cpu(),
+        "running_mean": layer.running_mean.cpu(),
+        "running_var": layer.running_var.cpu(),
+    }

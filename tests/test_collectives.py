@@ -11,7 +11,9 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from multigpu import collectives as C
-from multigpu import costmodel, workers, zero
+from multigpu import costmodel
+from multigpu.ranks import collectives as collective_ranks
+from multigpu.ranks import zero as zero_ranks
 from multigpu.runtime.launch import spawn
 
 # (shape, dtype): sizes divisible by 1..4 or not, smaller than the world, empty,
@@ -36,7 +38,9 @@ HAND_WRITTEN = ("naive", "ring", "ring pipelined")
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda n: f"world{n}")
 def compared(request):
     world_size = request.param
-    rows = spawn(workers.compare_all_reduces, world_size, CASES, timeout=10.0)
+    rows = spawn(
+        collective_ranks.compare_all_reduces_rank, world_size, CASES, timeout=10.0
+    )
     return world_size, rows
 
 
@@ -54,7 +58,10 @@ def test_results_equal_dist_all_reduce(compared):
 def test_results_equal_the_sum_of_the_inputs(compared):
     world_size, per_rank = compared
     for (shape, dtype), row in zip(CASES, per_rank[0], strict=True):
-        inputs = [workers.rank_tensor(rank, shape, dtype) for rank in range(world_size)]
+        inputs = [
+            collective_ranks.rank_tensor(rank, shape, dtype)
+            for rank in range(world_size)
+        ]
         total = torch.stack(inputs).sum(0).to(dtype)
         for name in HAND_WRITTEN:
             assert_close(row[name], total)
@@ -65,7 +72,10 @@ def test_ring_adds_in_the_order_of_its_schedule_pipelined_or_not(compared):
     # the one-process simulation of the schedule agree bit for bit on every rank.
     world_size, per_rank = compared
     for index, (shape, dtype) in enumerate(CASES):
-        inputs = [workers.rank_tensor(rank, shape, dtype) for rank in range(world_size)]
+        inputs = [
+            collective_ranks.rank_tensor(rank, shape, dtype)
+            for rank in range(world_size)
+        ]
         simulated = C.simulate_ring_all_reduce(inputs)
         for rank, rows in enumerate(per_rank):
             row = rows[index]
@@ -102,7 +112,7 @@ def test_ring_chunk_sizes_cut_like_tensor_split():
 
 
 def test_non_contiguous_tensors_are_reduced_in_place():
-    rows = spawn(workers.transposed_all_reduce, 2, timeout=10.0)
+    rows = spawn(collective_ranks.transposed_all_reduce_rank, 2, timeout=10.0)
     for rank_rows in rows:
         for name in HAND_WRITTEN:
             assert not rank_rows[name].is_contiguous()
@@ -118,7 +128,9 @@ def test_schedule_every_rank_sends_a_different_chunk_each_step():
 
 
 def test_simulated_ring_matches_the_sum_and_catches_a_wrong_schedule():
-    tensors = [workers.rank_tensor(rank, (10,), torch.float64) for rank in range(4)]
+    tensors = [
+        collective_ranks.rank_tensor(rank, (10,), torch.float64) for rank in range(4)
+    ]
     total = torch.stack(tensors).sum(0)
     for result in C.simulate_ring_all_reduce(tensors):
         assert_close(result, total)
@@ -133,7 +145,9 @@ def test_ring_with_nccl_equals_dist_all_reduce():
         ((13,), torch.int64),
         ((3 * 2**18 + 5,), torch.float32),
     ]
-    for rows in spawn(workers.compare_all_reduces, 2, cases, backend="nccl"):
+    for rows in spawn(
+        collective_ranks.compare_all_reduces_rank, 2, cases, backend="nccl"
+    ):
         for row in rows:
             for name in HAND_WRITTEN:
                 assert_close(row[name], row["dist.all_reduce"])
@@ -154,7 +168,7 @@ SHARD_NUMELS = [12, 10, 3, 1, 0, 1573]
 def halves(request):
     world_size, dtype = request.param
     per_rank = spawn(
-        zero.collectives_worker, world_size, SHARD_NUMELS, dtype, timeout=60.0
+        zero_ranks.collectives_rank, world_size, SHARD_NUMELS, dtype, timeout=60.0
     )
     return world_size, dtype, per_rank
 

@@ -8,7 +8,9 @@ from torch import nn
 
 from multigpu import syncbn
 from multigpu.core.models import ConvNet
-from multigpu.runtime.launch import spawn
+from multigpu.ranks import ddp as ddp_ranks
+from multigpu.runtime.launch import WorkerError, spawn
+from tests.ranks import forward_backward_rank
 
 
 def _batch():
@@ -35,7 +37,7 @@ def test_each_rank_gets_the_global_batch_result(world_size):
     x, layer = _batch()
     out, grad, reference = _global(x, layer)
     results = spawn(
-        syncbn.forward_backward, world_size, x, syncbn.convert_sync_batchnorm(layer)
+        forward_backward_rank, world_size, x, syncbn.convert_sync_batchnorm(layer)
     )
     torch.testing.assert_close(torch.cat([r["out"] for r in results]), out)
     torch.testing.assert_close(torch.cat([r["grad"] for r in results]), grad)
@@ -48,7 +50,7 @@ def test_each_rank_gets_the_global_batch_result(world_size):
 def test_per_rank_batchnorm_does_not():
     x, layer = _batch()
     out, _, _ = _global(x, layer)
-    results = spawn(syncbn.forward_backward, 2, x, layer)
+    results = spawn(forward_backward_rank, 2, x, layer)
     difference = (torch.cat([r["out"] for r in results]) - out).abs().max().item()
     assert difference > 1e-2
 
@@ -73,19 +75,24 @@ def test_convert_keeps_weights_dtype_and_keys():
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())  # unchanged
 
 
+def test_sync_batchnorm_refuses_cpu_tensors():
+    with pytest.raises(WorkerError, match="SyncBatchNorm expected input tensor"):
+        spawn(ddp_ranks.sync_batchnorm_on_cpu_rank, 2, timeout=30.0)
+
+
 @pytest.mark.gpu(2)
 def test_matches_nn_syncbatchnorm_on_gpus():
     x, layer = _batch()
     x, layer = x.float(), layer.float()
     ours = spawn(
-        syncbn.forward_backward,
+        forward_backward_rank,
         2,
         x,
         syncbn.convert_sync_batchnorm(layer),
         backend="nccl",
     )
     theirs = spawn(
-        syncbn.forward_backward,
+        forward_backward_rank,
         2,
         x,
         nn.SyncBatchNorm.convert_sync_batchnorm(layer),

@@ -1,10 +1,11 @@
 """Synchronous data-parallel SGD by hand: shard the data, all-reduce the gradients.
 
 Taught in ``notebooks/08_allreduce_sgd.ipynb``. A run reads the series'
-:class:`~multigpu.core.train.TrainConfig` and returns a :class:`~multigpu.core.train.History`
-per rank, like the single-device loop of 01. The recipe of PyTorch's tutorial
-"Writing Distributed Applications" (Séb Arnold, 2017), whose names ``DataPartitioner``
-and ``average_gradients`` this module borrows, written with today's API:
+:class:`~multigpu.core.train.TrainConfig` and returns a
+:class:`~multigpu.core.train.History` per rank, like the single-device loop of 01.
+The recipe of PyTorch's tutorial "Writing Distributed Applications" (Séb Arnold,
+2017), whose names ``DataPartitioner`` and ``average_gradients`` this module borrows,
+written with today's API:
 
 1. every rank holds the same model (same seed, same initial weights);
 2. a :class:`DataPartitioner` shuffles the sample indices with a fixed seed and deals
@@ -16,20 +17,11 @@ and ``average_gradients`` this module borrows, written with today's API:
    ``dist.all_reduce``) and divided by ``world_size``;
 5. every rank takes the same optimizer step, so the replicas stay identical.
 
-How the shards relate to the global batch: epoch ``e`` uses one permutation
-``order`` of the N sample indices (seeded with ``seed + e``, as ``DistributedSampler``
-does), and rank ``r`` owns ``order[r::world_size]``. Rank ``r``'s ``k``-th batch is
-``order[k*G + r : (k+1)*G : world_size]`` for a global batch of ``G`` samples, so the
-``k``-th batches of all ranks together are exactly ``order[k*G : (k+1)*G]``: the
-``k``-th batch of a single process that uses the same ``order``. Equal per-rank batch
-sizes make the mean of the per-rank mean losses the mean over the global batch, so
-averaged gradients equal the global-batch gradient and k steps on ``world_size``
-processes equal k steps of :func:`train_single_process`. The last ``N % G`` samples
-of each epoch's order are not used (``drop_last``), which keeps every batch full.
-
-A caller can replace :func:`sgd_step` by a step of its own with the same signature
-(``step=`` of :func:`train_data_parallel`), and :func:`check_step` compares its
-training with the reference: the exercise where the learner writes the step.
+:func:`train_loop` is the loop of one rank (and of the single process); the launchers
+that start the ranks are in :mod:`multigpu.ranks.allreduce_sgd`. A caller can
+replace :func:`sgd_step` by a step of its own with the same signature, and
+:func:`multigpu.exercises.allreduce_sgd.check_step` compares its training with the
+reference: the exercise where the learner writes the step.
 
 PyTorch's counterparts: ``DistributedSampler``, which deals indices with the same
 stride, in https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py
@@ -40,7 +32,6 @@ https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.
 from __future__ import annotations
 
 import copy
-import importlib
 import time
 from collections.abc import Callable
 
@@ -58,7 +49,6 @@ from multigpu.core.sharding import (  # noqa: F401 (taught in 08)
     run_batches,
 )
 from multigpu.core.train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
-from multigpu.runtime.launch import DEFAULT_DEADLINE_S, WorkerNotImportableError, spawn
 from multigpu.runtime.rank import rank_device
 
 # A training step: step(model, optimizer, X, y, config, distributed) -> this rank's
@@ -142,7 +132,7 @@ def sgd_step(
     return loss.item()
 
 
-def _train(
+def train_loop(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
@@ -152,7 +142,20 @@ def _train(
     distributed: bool = False,
     step: Step = sgd_step,
 ) -> History:
-    """The loop shared by the single process and every rank; ``step`` does each step."""
+    """The loop shared by the single process and every rank; ``step`` does each step.
+
+    How the shards relate to the global batch: epoch ``e`` uses one permutation
+    ``order`` of the N sample indices (seeded with ``seed + e``, as
+    ``DistributedSampler`` does), and rank ``r`` owns ``order[r::world_size]``. Rank
+    ``r``'s ``k``-th batch is ``order[k*G + r : (k+1)*G : world_size]`` for a global
+    batch of ``G`` samples, so the ``k``-th batches of all ranks together are exactly
+    ``order[k*G : (k+1)*G]``: the ``k``-th batch of a single process that uses the
+    same ``order``. Equal per-rank batch sizes make the mean of the per-rank mean
+    losses the mean over the global batch, so averaged gradients equal the
+    global-batch gradient and k steps on ``world_size`` processes equal k steps of
+    :func:`train_single_process`. The last ``N % G`` samples of each epoch's order are
+    not used (``drop_last``), which keeps every batch full (08).
+    """
     device = rank_device() if distributed else torch.device("cpu")
     model = copy.deepcopy(model).to(device)  # never change the caller's weights
     model.train()
@@ -183,86 +186,7 @@ def train_single_process(
     X (N, ...) and y (N,) are the whole training set; ``model`` is not changed.
     ``config.allreduce`` and ``config.reduction`` are not used.
     """
-    return _train(model, X, y, config)
-
-
-def train_worker(
-    rank: int,
-    world_size: int,
-    model: nn.Module,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    configs: dict[str, TrainConfig],
-    step: Step = sgd_step,
-) -> dict[str, History]:
-    """What each process runs: one training run per named config, in order (08)."""
-    return {
-        name: _train(model, X, y, config, rank, world_size, True, step)
-        for name, config in configs.items()
-    }
-
-
-def compare_data_parallel(
-    model: nn.Module,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    configs: dict[str, TrainConfig],
-    world_size: int,
-    timeout: float | None = 30.0,
-    backend: str = "gloo",
-    deadline: float | None = DEFAULT_DEADLINE_S,
-    step: Step = sgd_step,
-) -> dict[str, list[History]]:
-    """Several runs in one launch of ``world_size`` processes: {name: results by rank}.
-
-    Starting processes costs seconds; training a small model costs less, so the
-    notebook compares all-reduce variants inside one launch (08). ``backend="gloo"``
-    keeps every rank on the CPU, where the single-process reference runs too;
-    ``"nccl"`` puts rank r on ``cuda:r`` (one GPU per rank). ``timeout`` bounds each
-    collective and ``deadline`` the whole launch, in seconds (see
-    :func:`multigpu.runtime.launch.spawn`). ``step`` does each training step on every rank:
-    :func:`sgd_step`, or a function with its signature from an importable module.
-    """
-    for config in configs.values():  # fail here, before any process starts
-        per_rank_batch_size(config.batch_size, world_size)
-    _check_step_importable(step)
-    per_rank = spawn(
-        train_worker,
-        world_size,
-        model,
-        X,
-        y,
-        configs,
-        step,
-        backend=backend,
-        timeout=timeout,
-        deadline=deadline,
-    )
-    return {name: [results[name] for results in per_rank] for name in configs}
-
-
-def train_data_parallel(
-    model: nn.Module,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    config: TrainConfig,
-    world_size: int,
-    timeout: float | None = 30.0,
-    backend: str = "gloo",
-    deadline: float | None = DEFAULT_DEADLINE_S,
-    step: Step = sgd_step,
-) -> list[History]:
-    """Train on ``world_size`` processes; one History per rank, by rank (08).
-
-    X (N, ...) and y (N,) are the whole training set; every rank starts from a copy
-    of ``model`` (which is not changed) and trains on its own shard of each batch.
-    ``timeout``, ``backend``, ``deadline`` and ``step``: as in
-    :func:`compare_data_parallel`.
-    """
-    runs = compare_data_parallel(
-        model, X, y, {"run": config}, world_size, timeout, backend, deadline, step
-    )
-    return runs["run"]
+    return train_loop(model, X, y, config)
 
 
 def world_losses(results: list[History]) -> list[float]:
@@ -291,114 +215,3 @@ def compare_with_reference(
         abs(a - b) for a, b in zip(losses, reference.step_loss, strict=True)
     )
     return identical, weights, loss_difference
-
-
-def _check_step_importable(step: Step) -> None:
-    """Raise unless new processes can import ``step`` by its module and name."""
-    fix = (
-        "Write it into a module file in a folder on sys.path (in a notebook, with "
-        "%%writefile), import it from there and pass the imported function."
-    )
-    if not callable(step):
-        raise TypeError(
-            f"step must be a function like sgd_step, got {type(step).__name__}. {fix}"
-        )
-    module = getattr(step, "__module__", None)
-    name = getattr(step, "__qualname__", None) or repr(step)
-    if module in (None, "__main__", "__mp_main__") or "<" in name:
-        raise WorkerNotImportableError(
-            f"The step {name!r} is defined in a notebook or script, or inside a "
-            f"function, so the ranks cannot import it. {fix}"
-        )
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        found = None
-    if found is not step:
-        raise WorkerNotImportableError(
-            f"The step {name!r} cannot be found as {module}.{name}, so the ranks "
-            f"cannot import it (after editing its file, import it again). {fix}"
-        )
-
-
-def _max_loss_difference(a: History, b: History) -> float:
-    return max(abs(x - y) for x, y in zip(a.step_loss, b.step_loss, strict=True))
-
-
-def check_step(
-    step: Step,
-    model: nn.Module,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    config: TrainConfig,
-    world_size: int = 2,
-    tolerance: float | None = None,
-) -> tuple[bool, str]:
-    """Does ``step`` train exactly like :func:`sgd_step`? (passed, what to fix) (08).
-
-    Trains with ``step`` in this process (``distributed=False``), then on
-    ``world_size`` ranks (``distributed=True``), and compares each run with
-    :func:`train_single_process` on the same ``config``: the final weights and the
-    loss of every step must agree within ``tolerance``. By default that is 1e-9 for
-    a float64 model, whose rounding differences stay near 1e-15, and 1e-3 otherwise
-    (float32 rounding grows to about 1e-4 over dozens of steps). ``step`` has
-    sgd_step's signature and lives in an importable module, like a worker.
-    """
-    _check_step_importable(step)
-    if tolerance is None:
-        float64 = next(model.parameters()).dtype == torch.float64
-        tolerance = 1e-9 if float64 else 1e-3
-    reference = train_single_process(model, X, y, config)
-    try:
-        alone = _train(model, X, y, config, step=step)
-    except (RuntimeError, ValueError) as error:
-        if "process group" not in str(error):
-            raise
-        raise RuntimeError(
-            "Your step called torch.distributed in one process (distributed=False), "
-            "where there is no process group. All-reduce only when distributed is "
-            "True."
-        ) from error
-    if max_parameter_difference(alone.parameters, cpu_state_dict(model)) == 0:
-        return False, (
-            "FAIL: your step never changed the weights. After the forward pass, "
-            "call loss.backward(), then optimizer.step()."
-        )
-    weights = max_parameter_difference(alone.parameters, reference.parameters)
-    if weights > tolerance:
-        return False, (
-            f"FAIL: in one process (distributed=False) your step ends {weights:.1e} "
-            "away from sgd_step's weights. Clear the gradients "
-            "(optimizer.zero_grad()), take the mean cross-entropy of model(X) "
-            "against y, call loss.backward(), then optimizer.step()."
-        )
-    if _max_loss_difference(alone, reference) > tolerance:
-        return False, (
-            "FAIL: in one process your step trains like sgd_step, but the loss it "
-            "returns is not the mean loss over its batch. Return loss.item()."
-        )
-    results = train_data_parallel(model, X, y, config, world_size, step=step)
-    identical, weights, losses = compare_with_reference(results, reference)
-    if not identical:
-        return False, (
-            f"FAIL: the {world_size} ranks ended with different weights: each "
-            "stepped with its own gradient. When distributed, all-reduce every "
-            "gradient (a sum over the ranks) between backward() and step()."
-        )
-    if weights > tolerance:
-        return False, (
-            "FAIL: the ranks agree with each other, but end "
-            f"{weights:.1e} away from one process on the global batch. Divide the "
-            "summed gradients by the world size, once."
-        )
-    if losses > tolerance:
-        return False, (
-            "FAIL: the weights match one process, but on the ranks your step "
-            "returns another loss: return the rank's own mean loss, loss.item()."
-        )
-    within = f"{tolerance:.0e}".replace("e-0", "e-")  # 1e-9, not 1e-09
-    return True, (
-        f"PASS: in one process and on {world_size} ranks your step trains like "
-        f"sgd_step: the same weights, and the same loss at each of the "
-        f"{len(reference.step_loss)} steps (within {within})."
-    )

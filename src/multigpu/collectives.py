@@ -5,41 +5,22 @@ the all-reduce functions to average gradients, and ``bench/allreduce.py`` times 
 
 Every all-reduce here works like ``dist.all_reduce(tensor)`` with the sum: in place,
 on every rank of the default process group, for any shape, size and dtype, using
-only ``send``/``recv``/``isend``/``irecv``. Each returns the number of bytes this
-rank sent, to be put next to the formulas of :mod:`multigpu.costmodel`.
+only ``send``/``recv``/``isend``/``irecv``; each returns the bytes this rank sent, to
+be put next to the formulas of :mod:`multigpu.costmodel`.
 
-- :func:`naive_all_reduce`: every rank sends its tensor to rank 0, rank 0 adds them
-  up and sends the sum back.
-- :func:`ring_all_reduce`: the tensor is cut into n chunks. Reduce-scatter: in n-1
-  steps each rank sends one chunk to its right neighbour and adds the chunk arriving
-  from its left, so that rank r ends up owning the full sum of chunk (r+1) mod n.
-  All-gather: in n-1 more steps the finished chunks travel once around the ring.
-- :func:`ring_all_reduce_pipelined`: the same ring and the same sums, bit for bit,
-  tuned for speed (notebook 07 introduces it as an optimisation; the benchmark
-  uses it).
+- :func:`naive_all_reduce`: everything to rank 0, the sum back from it.
+- :func:`ring_all_reduce`: reduce-scatter, then all-gather, around a ring of n ranks.
+- :func:`ring_all_reduce_pipelined`: the same sums, bit for bit, tuned for speed.
+- :func:`reduce_scatter` and :func:`all_gather`: the ring's two halves, used on their
+  own by sharded training (13, :mod:`multigpu.zero`); like
+  ``dist.reduce_scatter_single``/``dist.all_gather_single`` (torch 2.14's names for
+  ``reduce_scatter_tensor``/``all_gather_into_tensor``), but they accept chunks of
+  unequal sizes, cut as ``tensor.tensor_split(world_size)`` cuts
+  (:func:`ring_chunk_sizes`), so no buffer needs padding.
 
-The ring's two halves are collectives of their own, which sharded training (ZeRO,
-FSDP; notebook 13, :mod:`multigpu.zero`) uses on their own:
-
-- :func:`reduce_scatter`: like ``dist.reduce_scatter_single(output, input)``, rank
-  r ends with the sum over the ranks of chunk r of ``input``;
-- :func:`all_gather`: like ``dist.all_gather_single(output, input)``, every rank
-  ends with all the ranks' chunks, in rank order.
-
-(torch 2.14 deprecates the older names of these two, ``reduce_scatter_tensor`` and
-``all_gather_into_tensor``.)
-
-Unlike PyTorch's, both accept chunks of unequal sizes, cut as
-``tensor.tensor_split(world_size)`` cuts (:func:`ring_chunk_sizes`), so a buffer
-whose length the world size does not divide needs no padding.
-:func:`multigpu.costmodel.reduce_scatter_bytes_per_rank` and
-:func:`multigpu.costmodel.all_gather_bytes_per_rank` give the bytes each sends:
-(n-1)/n·S, half of a ring all-reduce.
-
-The PyTorch functions these are built from, and the ``all_reduce`` they are compared
-with, are in
+PyTorch's functions are in
 https://github.com/pytorch/pytorch/blob/main/torch/distributed/distributed_c10d.py.
-The workers that run them on several processes are in :mod:`multigpu.workers`; the
+The rank functions that run these are in :mod:`multigpu.ranks.collectives`; the
 figure of the ring is :func:`multigpu.plots.plot_ring`.
 """
 

@@ -118,30 +118,3 @@ def _convert(module: nn.Module) -> nn.Module:
     for name, child in module.named_children():
         module.add_module(name, _convert(child))
     return module
-
-
-def forward_backward(
-    rank: int, world_size: int, x: torch.Tensor, layer: nn.Module
-) -> dict[str, torch.Tensor]:
-    """Rank r takes its slice of the global batch ``x`` (B, C, ...), runs ``layer``
-    (a BatchNorm) in training mode and backward of the sum of squared outputs
-    of the whole batch; returns its output, its input gradient, the layer's weight
-    gradient summed over the ranks and its running statistics (09b, tests).
-
-    Under nccl the tensors go to this rank's GPU (for ``nn.SyncBatchNorm``)."""
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    layer = copy.deepcopy(layer).to(device).train()
-    chunk = x.chunk(world_size)[rank].to(device).requires_grad_(True)
-    out = layer(chunk)
-    (out * out).sum().backward()
-    weight_grad = layer.weight.grad.clone()
-    dist.all_reduce(weight_grad)
-    return {
-        "out": out.detach().cpu(),
-        "grad": chunk.grad.cpu(),
-        "weight grad": weight_grad.cpu(),
-        "running_mean": layer.running_mean.cpu(),
-        "running_var": layer.running_var.cpu(),
-    }

@@ -1,4 +1,5 @@
-"""Tests for multigpu.runtime.scratch: learners' modules, importable here and by the ranks."""
+"""Tests for multigpu.runtime.scratch: learners' modules, importable here and by the
+ranks."""
 
 import os
 import sys

@@ -252,10 +252,12 @@ def tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m multigpu.core.data fetch NAME``: download a dataset into ``data/``."""
+    """``python -m multigpu.core.data fetch NAME``: download a dataset to ``data/``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "fetch":
-        print("usage: python -m multigpu.core.data fetch {mnist,cifar10}", file=sys.stderr)
+        print(
+            "usage: python -m multigpu.core.data fetch {mnist,cifar10}", file=sys.stderr
+        )
         return 2
     for train in (True, False):
         dataset = get_dataset(args[1], train=train, download=True)

@@ -4,7 +4,7 @@ Mirrors PyTorch's ``torch/nn/parallel/data_parallel.py``
 (https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/data_parallel.py),
 whose ``forward`` is the same four calls: ``scatter``, ``replicate``,
 ``parallel_apply``, ``gather`` (notebooks 02-06). As in PyTorch they are methods, so
-a subclass can change or observe one step (the recorder in ``recorder.py`` does).
+a subclass can change or observe one step (the recorder in ``recording.py`` does).
 
 Same ``forward`` logic as PyTorch's: the ``device_ids[0]`` check and its error text,
 one device id -> the module is called directly, replicas
@@ -43,6 +43,9 @@ __all__ = ["DataParallel"]
 class DataParallel(nn.Module):
     """``nn.DataParallel`` rebuilt from scatter, replicate, parallel_apply and
     gather; works on simulated devices as well as real GPUs (02-06)."""
+
+    # multigpu.runtime.checkpoint unwraps it (``.module``) without importing it
+    _is_data_parallel_wrapper = True
 
     def __init__(
         self,

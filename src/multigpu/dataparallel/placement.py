@@ -21,7 +21,7 @@ parameter's device after every backward, so ``device_of(param.grad)`` answers li
 ``module.to("cpu")`` to move a module off a simulated device: ``.to`` does not know
 about the registry.
 
-``watch_moves(callback)`` lets an observer (the recorder in ``recorder.py``) see
+``watch_moves(callback)`` lets an observer (the recorder in ``recording.py``) see
 every move while it is active, with its start and end times; the four steps do
 not know about it. Taught in notebooks 02 and 03.
 """

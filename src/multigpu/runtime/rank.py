@@ -1,4 +1,4 @@
-"""Who this process is under torchrun or spawn, and its device; values over all ranks (09).
+"""Who this process is under torchrun or spawn, its device, values over all ranks (09).
 
 Support code: :func:`setup` joins the process group torchrun prepared,
 :func:`rank_device` is this rank's GPU under nccl, else the CPU;

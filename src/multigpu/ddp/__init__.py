@@ -1,0 +1,100 @@
+"""DistributedDataParallel with torchrun: a training script and its parts.
+
+Taught in ``notebooks/09_ddp_torchrun.ipynb`` (the script, the sampler, evaluation)
+and ``notebooks/09b_ddp_in_practice.ipynb`` (checkpoints, accumulation, SyncBatchNorm,
+uneven data, ports, AMP); ``notebooks/11_fault_tolerance.ipynb`` runs the script
+with snapshots, restarts and injected faults (``--snapshot``). Every rank trains
+ConvNet on the digits and rank 0 prints one line per epoch (``--help``: options)::
+
+    torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2
+
+Started with plain ``python`` it stops with an error that says to use torchrun.
+Notebook 08's recipe with the library doing the work, one file per part:
+
+- ``wrapper``: :func:`wrap`, DDP broadcasts rank 0's weights, averages gradients;
+- ``loader``: a seeded ``DistributedSampler`` (:func:`distributed_loader`);
+- ``evaluation``: every sample exactly once (:func:`evaluate_distributed`), unlike
+  the padded sampler's biased sum (:func:`evaluate_padded`);
+- ``accumulation``: :func:`scaled_lr`, :func:`accumulate` (``no_sync``, AMP);
+- ``checkpoints``: :func:`save_on_main`, :func:`resume`;
+- ``loop``: :func:`train_ddp_loop`, what every rank runs;
+- ``cli`` and ``__main__``: the torchrun script; ``ports``, ``timing``: 09b, 12.
+
+The rank environment (:func:`setup`, :func:`read_rank_env`) comes from
+:mod:`multigpu.runtime.rank`, the launchers from :mod:`multigpu.runtime.launch`;
+what the notebooks' ranks run is in :mod:`multigpu.ranks.ddp`. PyTorch's files:
+https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py
+and https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py.
+"""
+
+from multigpu.ddp.accumulation import ACCUMULATIONS, LR_SCALINGS, accumulate, scaled_lr
+from multigpu.ddp.checkpoints import resume, save_on_main
+from multigpu.ddp.cli import build_model, parse_args
+from multigpu.ddp.evaluation import evaluate_distributed, evaluate_padded
+from multigpu.ddp.loader import distributed_loader, exact_shard, sampler_shards
+from multigpu.ddp.loop import train_ddp_loop
+from multigpu.ddp.ports import eaddrinuse_lines, torchrun_on_port
+from multigpu.ddp.wrapper import wrap
+from multigpu.runtime.launch import (  # the launchers, as taught in 09
+    DEFAULT_DEADLINE_S,
+    TorchrunError,
+    exit_rank,
+    in_one_launch,
+    run_torchrun,
+    spawn,
+)
+from multigpu.runtime.rank import (  # the rank environment, taught in 09
+    COMMAND,
+    ENV_NAMES,
+    TABLE_NAMES,
+    NotEnoughGPUsError,
+    NotLaunchedByTorchrunError,
+    RankEnv,
+    is_main_process,
+    rank_device,
+    rank_table,
+    read_rank_env,
+    reduce_value,
+    setup,
+)
+
+train = train_ddp_loop  # the name notebook 09's text uses (``ddp.train``)
+
+__all__ = [
+    "ACCUMULATIONS",
+    "COMMAND",
+    "DEFAULT_DEADLINE_S",
+    "ENV_NAMES",
+    "LR_SCALINGS",
+    "TABLE_NAMES",
+    "NotEnoughGPUsError",
+    "NotLaunchedByTorchrunError",
+    "RankEnv",
+    "TorchrunError",
+    "accumulate",
+    "build_model",
+    "distributed_loader",
+    "eaddrinuse_lines",
+    "evaluate_distributed",
+    "evaluate_padded",
+    "exact_shard",
+    "exit_rank",
+    "in_one_launch",
+    "is_main_process",
+    "parse_args",
+    "rank_device",
+    "rank_table",
+    "read_rank_env",
+    "reduce_value",
+    "resume",
+    "run_torchrun",
+    "sampler_shards",
+    "save_on_main",
+    "scaled_lr",
+    "setup",
+    "spawn",
+    "torchrun_on_port",
+    "train",
+    "train_ddp_loop",
+    "wrap",
+]

@@ -1,0 +1,33 @@
+"""Figures: learning curves (01), DataParallel's data flow (02), per-device memory
+and timelines (03, 06), the ring all-reduce step by step (07), DDP's overlap and
+buckets (10), the scaling model (12), what each rank of a ZeRO stage holds (13).
+
+Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
+One file per lesson family; ``from multigpu.plots import plot_x`` gives them all.
+"""
+
+from multigpu.plots.collectives import plot_ring, ring_states
+from multigpu.plots.dataparallel import (
+    plot_dataparallel_flow,
+    plot_memory,
+    plot_timeline,
+)
+from multigpu.plots.ddp import plot_buckets, plot_overlap
+from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
+from multigpu.plots.sharding import LEDGER_COLOURS, plot_zero_ledgers
+from multigpu.plots.training import plot_history
+
+__all__ = [
+    "LEDGER_COLOURS",
+    "plot_alpha_beta_fit",
+    "plot_buckets",
+    "plot_dataparallel_flow",
+    "plot_history",
+    "plot_memory",
+    "plot_overlap",
+    "plot_ring",
+    "plot_speedups",
+    "plot_timeline",
+    "plot_zero_ledgers",
+    "ring_states",
+]

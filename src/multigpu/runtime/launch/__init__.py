@@ -1,0 +1,78 @@
+"""Support code that starts worker processes for notebooks 07-11: you may skip it.
+
+Nothing here is about data parallelism. In a script you would use PyTorch's own
+launchers; this package stands in for them where they do not fit a notebook:
+
+- :func:`spawn` (like ``torch.multiprocessing.spawn``) starts ``world_size``
+  processes, joins them into a process group, hands back each rank's return value
+  in rank order, and turns a rank that raises, dies or never joins into one clear
+  error within seconds (:class:`WorkerError`, :class:`DeadlineExceededError`).
+- :func:`run_torchrun` runs ``torchrun --standalone --nproc-per-node=N -m module``
+  as a subprocess and returns what it printed; :func:`start_torchrun` and
+  :func:`stop_torchrun` run one without waiting; a torchrun script ends with
+  :func:`exit_rank`.
+
+``notebooks/07_collectives_from_scratch.ipynb`` shows how to use it; the functions
+the ranks run live in :mod:`multigpu.ranks`. The exact contract (timeouts,
+deadlines, errors, what happens when the caller dies) is in ``docs/launch.md``.
+Files: ``errors`` (the exceptions), ``parent`` (spawn), ``_child`` (what runs in
+each rank), ``_diagnosis`` (from what the parent saw to one error), ``_stderr``,
+``timeouts``, ``environment``, ``rank_functions`` (check_importable,
+in_one_launch), ``torchrun``.
+
+This package imports torch lazily, so that with "spawn" a child sets its thread
+limits before torch loads.
+"""
+
+from multigpu.runtime.launch._child import HOST
+from multigpu.runtime.launch.environment import laptop_environment
+from multigpu.runtime.launch.errors import (
+    DeadlineExceededError,
+    RemoteTraceback,
+    TorchrunError,
+    WorkerError,
+    WorkerNotImportableError,
+)
+from multigpu.runtime.launch.parent import (
+    DEFAULT_DEADLINE_S,
+    RANKS_PER_CORE,
+    START_METHOD,
+    spawn,
+)
+from multigpu.runtime.launch.rank_functions import check_importable, in_one_launch
+from multigpu.runtime.launch.timeouts import (
+    NO_TIMEOUT,
+    as_timedelta,
+    is_communication_error,
+    is_timeout,
+)
+from multigpu.runtime.launch.torchrun import (
+    exit_rank,
+    run_torchrun,
+    start_torchrun,
+    stop_torchrun,
+)
+
+__all__ = [
+    "DEFAULT_DEADLINE_S",
+    "HOST",
+    "NO_TIMEOUT",
+    "RANKS_PER_CORE",
+    "START_METHOD",
+    "DeadlineExceededError",
+    "RemoteTraceback",
+    "TorchrunError",
+    "WorkerError",
+    "WorkerNotImportableError",
+    "as_timedelta",
+    "check_importable",
+    "exit_rank",
+    "in_one_launch",
+    "is_communication_error",
+    "is_timeout",
+    "laptop_environment",
+    "run_torchrun",
+    "spawn",
+    "start_torchrun",
+    "stop_torchrun",
+]

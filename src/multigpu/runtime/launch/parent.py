@@ -1,0 +1,274 @@
+"""The parent side of spawn: start the ranks, collect their results, end them all."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from multigpu.runtime.launch._checks import check_arguments, check_seconds
+from multigpu.runtime.launch._child import HOST, run_rank
+from multigpu.runtime.launch._diagnosis import Failure, deadline_error, failure_error
+from multigpu.runtime.launch._stderr import StderrTails
+from multigpu.runtime.launch.environment import laptop_environment
+from multigpu.runtime.launch.rank_functions import check_importable
+from multigpu.runtime.launch.timeouts import as_timedelta
+
+# "forkserver": children forked from a server process that imported torch once;
+# "spawn": each child starts a new interpreter and imports torch (seconds per rank).
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+DEFAULT_DEADLINE_S = 300.0  # spawn's default bound on a whole launch, in seconds
+RANKS_PER_CORE = 4  # more ranks than this per CPU core: spawn warns
+# After the first failure, how long to keep listening for the other ranks' reports,
+# so that the error shown is the root cause and not a peer's "connection reset".
+_FAILURE_GRACE_S = 0.5
+_POLL_S = 0.2  # how often the parent checks exit codes while waiting
+
+
+def _context() -> mp.context.BaseContext:
+    """The multiprocessing context of START_METHOD; a forkserver preloads torch and
+    the child side (_child)."""
+    context = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        context.set_forkserver_preload(
+            ["torch", "torch.distributed", "multigpu.runtime.launch._child"]
+        )
+    return context
+
+
+def _resolve_backend(backend: str, world_size: int) -> str:
+    from multigpu.core.devices import choose_backend, cuda_device_count
+
+    if backend == "auto":
+        backend = choose_backend()
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"Unknown backend {backend!r}. Use 'auto', 'gloo' or 'nccl'.")
+    if backend == "nccl" and world_size > cuda_device_count():
+        raise ValueError(
+            f"nccl needs one GPU per rank: world_size={world_size} but this machine "
+            f"has {cuda_device_count()} GPU(s). Use fewer ranks or backend='gloo'."
+        )
+    return backend
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+def _warn_if_crowded(world_size: int) -> None:
+    """Warn when the ranks far outnumber the CPU cores: the launch would crawl."""
+    cores = _cpu_count()
+    if world_size > RANKS_PER_CORE * cores:
+        warnings.warn(
+            f"world_size={world_size} starts {world_size} processes on "
+            f"{cores} CPU core(s), more than {RANKS_PER_CORE} per core: each rank "
+            "gets a small slice of a core, so the launch may crawl and its "
+            "collectives may reach their timeout. Use at most "
+            f"{RANKS_PER_CORE * cores} ranks on this machine, or raise timeout= "
+            "and deadline= if you mean it.",
+            RuntimeWarning,
+            stacklevel=3,  # the line that called spawn
+        )
+
+
+def spawn(
+    worker: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "auto",
+    timeout: float | None = 30.0,
+    threads: int = 1,
+    deadline: float | None = DEFAULT_DEADLINE_S,
+) -> list[Any]:
+    """Run ``worker(rank, world_size, *args)`` on ``world_size`` processes; return
+    their results ordered by rank (07-11). ``timeout`` bounds the rendezvous and
+    each collective, ``deadline`` the whole launch (seconds; None: no bound). The
+    exact contract: docs/launch.md."""
+    start = time.monotonic()
+    check_importable(worker)
+    check_arguments(world_size, timeout, threads)
+    check_seconds("deadline", deadline, "no deadline")
+    backend = _resolve_backend(backend, world_size)
+    _warn_if_crowded(world_size)
+    try:
+        payload = pickle.dumps((worker, args))
+    except Exception as exc:
+        raise TypeError(
+            f"The arguments for the workers cannot be pickled ({exc}). Pass tensors, "
+            "numbers, strings, lists or dicts."
+        ) from exc
+
+    import torch.distributed as dist
+
+    # Port 0: the operating system picks a free port, so launches never clash.
+    store = dist.TCPStore(
+        HOST,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=as_timedelta(timeout),
+    )
+    context = _context()
+    environment = laptop_environment(os.environ, sys.platform)
+    # Only this process ever holds the lifeline's write end: when it closes, because
+    # spawn is done or because this process died, every rank ends (_watch_lifeline).
+    lifeline_reader, lifeline_writer = context.Pipe(duplex=False)
+    processes: list[mp.process.BaseProcess] = []
+    readers: list[Connection] = []
+    stderr = StderrTails()
+    try:
+        for rank in range(world_size):
+            reader, writer = context.Pipe(duplex=False)
+            stderr_reader, stderr_writer = context.Pipe(duplex=False)
+            process = context.Process(
+                target=run_rank,
+                args=(rank, world_size, store.port, backend, timeout, threads)
+                + (payload, writer, environment, lifeline_reader, stderr_writer),
+                name=f"multigpu-rank-{rank}",
+            )
+            readers.append(reader)
+            stderr.add(rank, stderr_reader)
+            processes.append(process)
+            process.start()
+            writer.close()  # only the child holds it now: its exit shows as EOF
+            stderr_writer.close()
+        lifeline_reader.close()
+        deadline_at = None if deadline is None else start + deadline
+        return _collect(processes, readers, stderr, timeout, deadline, deadline_at)
+    finally:
+        _end_all(processes)
+        lifeline_writer.close()
+        lifeline_reader.close()
+        stderr.pump()  # the last lines the ranks wrote
+        stderr.close()
+        for reader in readers:
+            reader.close()
+        del store
+
+
+_PENDING = "pending"  # _next_report: the rank has not finished yet
+
+
+def _next_report(
+    rank: int,
+    reader: Connection,
+    process: mp.process.BaseProcess,
+    started: set[int],
+    returned: set[int],
+) -> tuple | str | None:
+    """The rank's final report (("ok", data) or ("error", report)), None when it
+    ended without one, or _PENDING while it runs; notes in ``started`` and
+    ``returned`` when its worker started and when it returned."""
+    # Exited before we read: then everything it sent is already in the pipe.
+    exited = process.exitcode is not None
+    while reader.poll():  # data, or the end of the pipe
+        message = _receive(reader)
+        if message is None:
+            return None
+        if message[0] == "started":
+            started.add(rank)
+        elif message[0] == "returned":
+            returned.add(rank)
+        else:
+            return message
+    return None if exited else _PENDING
+
+
+def _receive(reader: Connection) -> tuple | None:
+    """The child's next message, or None if it closed the pipe."""
+    try:
+        return pickle.loads(reader.recv_bytes())
+    except EOFError:
+        return None
+
+
+def _collect(
+    processes: list,
+    readers: list[Connection],
+    stderr: StderrTails,
+    timeout: float | None,
+    deadline: float | None,
+    deadline_at: float | None,
+) -> list[Any]:
+    """Wait for every rank's report; raise WorkerError for the root-cause failure,
+    or DeadlineExceededError once ``deadline_at`` (time.monotonic()) has passed."""
+    started_at = time.monotonic()
+    world_size = len(processes)
+    results: list[Any] = [None] * world_size
+    pending = set(range(world_size))
+    started: set[int] = set()  # ranks whose worker has started
+    returned: set[int] = set()  # ranks whose worker has returned
+    failures: list[Failure] = []
+    grace_end = None
+    while pending:
+        now = time.monotonic()
+        if grace_end is not None and now >= grace_end:
+            break
+        if grace_end is None and deadline_at is not None and now >= deadline_at:
+            assert deadline is not None
+            raise deadline_error(processes, pending, returned, stderr, deadline)
+        end = grace_end if grace_end is not None else deadline_at
+        wait_s = _POLL_S if end is None else max(0.0, min(_POLL_S, end - now))
+        waitables = [readers[r] for r in pending] + [
+            processes[r].sentinel for r in pending
+        ]
+        wait(waitables + stderr.waitables(), timeout=wait_s)
+        stderr.pump()
+        for rank in sorted(pending):
+            process = processes[rank]
+            report = _next_report(rank, readers[rank], process, started, returned)
+            if report == _PENDING:
+                continue
+            pending.discard(rank)
+            if report is not None and report[0] == "ok":
+                try:
+                    results[rank] = pickle.loads(report[1])
+                    continue
+                except Exception as exc:
+                    failure = Failure(rank, None, started=True, unpickle_error=exc)
+            else:
+                if report is None:
+                    process.join(timeout=2.0)
+                failure = Failure(
+                    rank,
+                    process.exitcode,
+                    report[1] if report is not None else None,
+                    started=rank in started,
+                )
+            failures.append(failure)
+            if grace_end is None:
+                grace_end = time.monotonic() + _FAILURE_GRACE_S
+    if failures:
+        stderr.pump()
+        waited_long_enough = (
+            timeout is not None and time.monotonic() - started_at >= timeout
+        )
+        raise failure_error(
+            failures, pending, returned, world_size, stderr, waited_long_enough
+        )
+    return results
+
+
+def _end_all(processes: list) -> None:
+    """Kill every child that still runs, with anything it started, and reap them."""
+    for process in processes:
+        if process.pid is None:  # never started
+            continue
+        if hasattr(os, "killpg"):
+            try:
+                # Each child leads its own process group (see run_rank).
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        if process.pid is not None:
+            process.join()

@@ -1,0 +1,95 @@
+"""Saving a snapshot (rank 0 writes it atomically) and loading it on every rank (11)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from multigpu.runtime.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from multigpu.snapshot.rng import rng_state, set_rng_state
+from multigpu.snapshot.sampler import Position, ResumableSampler
+
+SNAPSHOT_FILE = "snapshot.pt"  # the snapshot's name inside its folder
+
+
+class SnapshotMismatchError(CheckpointError):
+    """A snapshot written by a run that does not fit this one: another number of
+    ranks, or another global batch (11)."""
+
+
+def save_snapshot(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    position: Position,
+    sampler: ResumableSampler,
+    rank_state: Mapping[str, Any] | None = None,
+) -> None:
+    """Every rank calls it; rank 0 writes the snapshot atomically (11).
+
+    ``rank_state``: what only this rank knows (its losses of the epoch so far); it
+    is gathered from every rank together with their random number generators, with
+    one ``all_gather_object``, so this is a collective. No barrier follows: nobody
+    reads the file before the next start.
+    """
+    mine = {"rng": rng_state(), **dict(rank_state or {})}
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    ranks: list[Any] = [mine]
+    if world_size > 1:
+        ranks = [None] * world_size
+        dist.all_gather_object(ranks, mine)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    save_checkpoint(
+        path,
+        model,
+        optimizer,
+        epoch=position.epoch,
+        position=position,
+        sampler=sampler.state_dict(),
+        ranks=ranks,
+        world_size=world_size,
+    )
+
+
+def load_snapshot(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: ResumableSampler,
+    device: torch.device | str = "cpu",
+) -> tuple[Position, dict[str, Any]]:
+    """Every rank loads the snapshot (tensors to ``device`` with ``map_location``),
+    puts back its own random number generators, and gets (where to go on, what it
+    saved in ``rank_state``); ``(Position(), {})`` when there is no snapshot (11).
+
+    A snapshot from another number of ranks or another sampler seed raises
+    :class:`SnapshotMismatchError`: its sample order would not continue this run's.
+    """
+    if not Path(path).exists():
+        return Position(), {}
+    snapshot = load_checkpoint(path, model, optimizer, map_location=device)
+    saved = snapshot["sampler"]
+    here = sampler.state_dict()
+    for key, meaning in (("num_replicas", "ranks"), ("seed", "sampler seed")):
+        if saved[key] != here[key]:
+            raise SnapshotMismatchError(
+                f"{Path(path).name} was written by a run with {saved[key]} as its "
+                f"{meaning}, and this run has {here[key]}, so its sample order would "
+                f"not continue this one. Resume with the same {meaning}, or start "
+                "afresh in a new snapshot folder."
+            )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    mine = dict(snapshot["ranks"][rank])
+    set_rng_state(mine.pop("rng"))
+    return snapshot["position"], mine

@@ -1,0 +1,174 @@
+"""The training loop that snapshots every few steps and resumes from the snapshot,
+mid-epoch if need be (11)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from multigpu.core.checks import check_number, check_positive_int
+from multigpu.core.sharding import per_rank_batch_size
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.ddp import evaluate_distributed, wrap
+from multigpu.runtime.checkpoint import unwrap
+from multigpu.runtime.rank import rank_device, reduce_value
+from multigpu.snapshot.events import RESTART_COUNT, record_event
+from multigpu.snapshot.files import SNAPSHOT_FILE, load_snapshot, save_snapshot
+from multigpu.snapshot.injection import Fault, fire
+from multigpu.snapshot.sampler import Position, ResumableSampler
+
+
+def train_with_snapshots(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    folder: str | os.PathLike,
+    every: int = 5,
+    *,
+    X_test: torch.Tensor | None = None,
+    y_test: torch.Tensor | None = None,
+    fault: Fault | None = None,
+    step_delay: float = 0.0,
+    stop_after_steps: int | None = None,
+    log: Callable[[str], None] | None = print,
+    save: Callable[..., None] | None = None,
+    load: Callable[..., tuple[Position, dict[str, Any]]] | None = None,
+) -> History:
+    """DDP training in a running process group that snapshots every ``every`` steps
+    into ``folder`` and resumes from the snapshot there, mid-epoch if need be (11).
+
+    Like :func:`multigpu.ddp.train` (SGD with momentum, ``config.batch_size`` the
+    global batch, the same sample order), and also: ``fault`` kills a rank once
+    (:func:`fire`); ``step_delay`` seconds of sleep per step slow the run down so
+    that a rank can be killed from outside while it trains; ``stop_after_steps``
+    ends the run early, as an interruption would. The returned History holds the
+    epochs and steps trained by this launch only. Rank 0 calls ``log``.
+    ``save`` and ``load`` replace :func:`save_snapshot` and :func:`load_snapshot`
+    (same arguments), for an exercise that writes them.
+    """
+    save = save_snapshot if save is None else save
+    load = load_snapshot if load is None else load
+    check_positive_int("every", every, "Snapshot every 1 or more steps, e.g. every=5.")
+    check_number("step_delay", step_delay, "Pass 0 for no delay.", allow_zero=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = rank_device()
+    main = rank == 0
+    restart = int(os.environ.get(RESTART_COUNT, "0"))
+    if main:
+        record_event(folder, "started")
+    model = wrap(copy.deepcopy(model), device)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum
+    )
+    per_rank = per_rank_batch_size(config.batch_size, world_size)
+    sampler = ResumableSampler(
+        TensorDataset(X, y), num_replicas=world_size, rank=rank, seed=config.seed
+    )
+    loader = DataLoader(
+        TensorDataset(X, y), batch_size=per_rank, sampler=sampler, drop_last=True
+    )
+    steps_per_epoch = sampler.num_samples // per_rank
+    position, mine = load(folder / SNAPSHOT_FILE, model, optimizer, sampler, device)
+    if main:
+        record_event(folder, "resumed", global_step=position.global_step)
+        if log and position.global_step:
+            log(
+                f"restart {restart}: resumed from the snapshot of step "
+                f"{position.global_step} (epoch {position.epoch + 1}, step "
+                f"{position.step} of {steps_per_epoch})"
+            )
+        elif log:
+            log(f"restart {restart}: no snapshot yet, starting at step 0")
+    history = History(rank=rank, world_size=world_size)
+    global_step = position.global_step
+    restore = _note_termination(folder, rank)
+    try:
+        for epoch in range(position.epoch, config.epochs):
+            first = epoch == position.epoch
+            start_step = position.step if first else 0
+            sampler.set_epoch(epoch, start=start_step * per_rank)
+            losses = list(mine.get("losses", [])) if first else []
+            for step, (xb, yb) in enumerate(loader, start=start_step):
+                if stop_after_steps is not None and (
+                    global_step - position.global_step >= stop_after_steps
+                ):
+                    return _finish(history, model)
+                fire(fault, folder, rank, global_step)
+                xb, yb = (
+                    xb.to(device),
+                    yb.to(device),
+                )  # (per_rank, C, H, W), (per_rank,)
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(model(xb), yb)
+                loss.backward()  # DDP averages the gradients over the ranks here
+                optimizer.step()
+                losses.append(loss.item())
+                history.step_loss.append(losses[-1])
+                global_step += 1
+                if step_delay:
+                    time.sleep(step_delay)
+                if main:
+                    record_event(folder, "step", global_step=global_step)
+                if global_step % every == 0:
+                    done = Position(epoch, step + 1, global_step)
+                    if step + 1 == steps_per_epoch:  # the next step opens an epoch
+                        done = Position(epoch + 1, 0, global_step)
+                    state = {"losses": losses if done.step else []}
+                    save(folder / SNAPSHOT_FILE, model, optimizer, done, sampler, state)
+                    if main and log:
+                        log(f"snapshot of step {global_step} saved")
+            mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
+            history.train_loss.append(reduce_value(mean).item())  # over all ranks
+            line = f"epoch {epoch + 1}/{config.epochs}: "
+            line += f"train loss {history.train_loss[-1]:.4f}"
+            if X_test is not None and y_test is not None:
+                test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
+                history.test_loss.append(test_loss)
+                history.test_accuracy.append(accuracy)
+                line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
+            if main and log:
+                log(line)
+        end = Position(config.epochs, 0, global_step)
+        save(folder / SNAPSHOT_FILE, model, optimizer, end, sampler, {"losses": []})
+    except Exception as error:  # a peer died or hung: note when, then fail
+        record_event(folder, "failed", rank=rank, error=type(error).__name__)
+        raise
+    finally:
+        restore()
+    return _finish(history, model)
+
+
+def _note_termination(folder: Path, rank: int) -> Callable[[], None]:
+    """Make a SIGTERM (what torchrun sends the surviving ranks when one died, maybe
+    before their next collective has failed) note a "failed" event, then end the
+    process by SIGTERM as before. Returns what puts the previous handler back; only
+    the main thread can set one, elsewhere nothing changes (11)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminated(signum: int, frame: Any) -> None:
+        record_event(folder, "failed", rank=rank, error="SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _finish(history: History, model: nn.Module) -> History:
+    history.parameters = cpu_state_dict(unwrap(model))
+    return history

@@ -1,0 +1,98 @@
+"""FSDP2: the library's ZeRO-3, and its sharded checkpoints (13).
+
+PyTorch's ``fully_shard`` on each layer (:func:`fully_shard_model`), on an explicit
+CPU device mesh; its parameters are ``DTensor`` s whose rows are split over the
+ranks (:func:`describe_shards`), and ``torch.distributed.checkpoint`` (DCP) saves
+one file per rank, which :func:`load_sharded_checkpoint` reads back into an ordinary
+model in one process. The ranks that train and load FSDP2, and their launchers, are
+in :mod:`multigpu.ranks.zero`. PyTorch's files:
+https://github.com/pytorch/pytorch/tree/main/torch/distributed/fsdp/_fully_shard and
+https://github.com/pytorch/pytorch/tree/main/torch/distributed/checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def describe_shards(model: nn.Module) -> list[dict[str, Any]]:
+    """For each FSDP2 parameter (a DTensor): its name, global and local shape,
+    placement, and the rows this rank holds, checked against the full tensor
+    (gathered: a collective) (13)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for name, parameter in model.named_parameters():
+        full = parameter.full_tensor()  # all-gathered from every rank
+        local = parameter.to_local()  # what this rank stores
+        held = torch.arange(full.shape[0]).chunk(world_size)  # FSDP2: torch.chunk
+        mine = held[rank] if rank < len(held) else torch.arange(0)
+        rows.append(
+            {
+                "rank": rank,
+                "name": name,
+                "global shape": tuple(full.shape),
+                "local shape": tuple(local.shape),
+                "placement": str(parameter.placements[0]),
+                "rows": (int(mine[0]), int(mine[-1]) + 1) if len(mine) else None,
+                "rows match": torch.equal(local, full[mine]),
+            }
+        )
+    return rows
+
+
+def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """An FSDP2 model's full weights by name, all-gathered on every rank (a
+    collective) (13)."""
+    return {
+        name: p.full_tensor().detach().clone() for name, p in model.named_parameters()
+    }
+
+
+def fully_shard_model(model: nn.Sequential) -> nn.Sequential:
+    """A copy of ``model`` with ``fully_shard`` on every Linear and on the whole
+    model, over an explicit CPU device mesh of all the ranks (13)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # An explicit CPU mesh: without it, a machine with GPUs would move the model to
+    # CUDA even though the process group is gloo.
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = copy.deepcopy(model)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def check_checkpoint_dir(checkpoint_dir: str | Path) -> None:
+    """Raise FileNotFoundError unless ``checkpoint_dir`` holds a DCP checkpoint
+    (its ``.metadata`` file) (13)."""
+    if not (Path(checkpoint_dir) / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"{Path(checkpoint_dir).name} holds no torch.distributed.checkpoint "
+            "checkpoint (its .metadata file is missing). Pass the folder given to "
+            "train_fsdp2(checkpoint_dir=...) after training finished."
+        )
+
+
+def load_sharded_checkpoint(model: nn.Module, checkpoint_dir: str | Path) -> nn.Module:
+    """Load a checkpoint that :func:`~multigpu.ranks.zero.fsdp2_rank` saved sharded
+    over several ranks into ``model``, an ordinary model in this one process;
+    returns ``model`` (13)."""
+    import torch.distributed.checkpoint as dcp
+
+    check_checkpoint_dir(checkpoint_dir)
+    state = {"model": model.state_dict()}  # the tensors to fill in place
+    with warnings.catch_warnings():  # loading in one process is what we mean here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    model.load_state_dict(state["model"])
+    return model

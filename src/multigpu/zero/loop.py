@@ -1,0 +1,151 @@
+"""Training: one process, and each ZeRO stage on a rank (13).
+
+Training reads the series' :class:`~multigpu.core.train.TrainConfig` (``epochs``,
+``batch_size`` (the global batch), ``lr``, ``seed``; ``momentum``, ``allreduce``
+and ``reduction`` are not used) and follows notebook 08's batches
+(:func:`~multigpu.core.sharding.run_batches`). The optimizer is
+``torch.optim.Adam(parameters, lr=config.lr)``: Adam's other hyper-parameters are
+PyTorch's defaults, betas (0.9, 0.999), eps 1e-8, no weight decay. Every run
+returns a :class:`~multigpu.core.train.History`; a rank of a sharded run returns a
+:class:`ShardedHistory`, a History with what the rank measured.
+
+The bytes a rank sends must equal ``costmodel.zero_bytes_sent_per_rank``. gloo has
+no reduce-scatter of its own (it runs a full all-reduce and keeps a part), so timing
+gloo says nothing about the volumes: they come from the hand-written collectives and
+the formulas (``costmodel.zero_bytes_sent_theory``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from multigpu.core.checks import check_choice, check_positive_int
+from multigpu.core.sharding import epoch_means, run_batches
+from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.costmodel import ZERO_STAGES
+from multigpu.zero.flat import STEPS, ShardedStep, flatten_parameters, shard_of
+from multigpu.zero.ledger import measure_ledger
+from multigpu.zero.zero3 import Meter, gathered_state_dict, shard_model
+
+
+@dataclass
+class ShardedHistory(History):
+    """A :class:`~multigpu.core.train.History` of one rank of a sharded run, with what
+    the rank measured: ``parameters`` are the full weights, gathered (13)."""
+
+    bytes_sent: list[int] = field(default_factory=list)  # per step, by this rank
+    ledger: dict[str, int] = field(default_factory=dict)  # bytes held after the run
+    shards: list[dict[str, Any]] = field(default_factory=list)  # FSDP2's DTensors
+
+
+def make_mlp(
+    sizes: Sequence[int] = (10, 32, 32, 5), dtype: torch.dtype = torch.float64
+) -> nn.Sequential:
+    """Linear layers of the given widths with ReLU between them, (B, sizes[0]) ->
+    (B, sizes[-1]); the default has 1,573 parameters, a prime: every world size
+    above 1 cuts it into unequal shards (13)."""
+    if len(sizes) < 2:
+        raise ValueError(
+            f"make_mlp needs at least two sizes (inputs and outputs), got {sizes!r}. "
+            "Pass e.g. sizes=(10, 32, 5)."
+        )
+    for size in sizes:
+        check_positive_int("each size", size)
+    layers: list[nn.Module] = []
+    for index, (inputs, outputs) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if index:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(inputs, outputs))
+    return nn.Sequential(*layers).to(dtype)
+
+
+def make_data(
+    num_samples: int = 256,
+    in_features: int = 10,
+    num_classes: int = 5,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs X (num_samples, in_features) and labels y (num_samples,) that a
+    linear map of X decides, so there is something to learn (13)."""
+    generator = torch.Generator().manual_seed(seed)
+    X = torch.randn(num_samples, in_features, generator=generator, dtype=dtype)
+    mixing = torch.randn(in_features, num_classes, generator=generator, dtype=dtype)
+    return X, (X @ mixing).argmax(dim=1)
+
+
+def train_single_process_adam(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig
+) -> History:
+    """The reference: Adam on the global batch in this process, notebook 08's
+    batches; ``model`` is not changed (13)."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    history = History()
+    batches, steps_per_epoch = run_batches(len(X), config)
+    for indices in batches:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(X[indices]), y[indices])
+        loss.backward()
+        optimizer.step()
+        history.step_loss.append(loss.item())
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    history.parameters = cpu_state_dict(model)
+    return history
+
+
+def train_stage(
+    stage: str,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    step: ShardedStep | None = None,
+) -> ShardedHistory:
+    """Train a copy of ``model`` with ``stage`` on this rank (inside a process
+    group): its history with the full weights (gathered), the bytes sent per step
+    and the ledger after the last step (13). ``step`` replaces the stage's own
+    step function (DDP, ZeRO-1, ZeRO-2 only)."""
+    check_choice("stage", stage, ZERO_STAGES)
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    model = copy.deepcopy(model)
+    history = ShardedHistory(rank=rank, world_size=world_size)
+    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
+    if stage == "ZeRO-3":
+        meter = Meter()
+        model = shard_model(model, meter)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        for indices in batches:
+            before = meter.bytes_sent
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(X[indices]), y[indices])
+            loss.backward()  # each layer reduce-scatters its gradient
+            optimizer.step()  # Adam on this rank's chunks only
+            history.step_loss.append(loss.item())
+            history.bytes_sent.append(meter.bytes_sent - before)
+        history.ledger = measure_ledger(list(model.parameters()), optimizer, meter)
+        history.parameters = gathered_state_dict(model)
+    else:
+        step = step or STEPS[stage]
+        flat = flatten_parameters(model)  # (P,)
+        if stage == "DDP":
+            shard = nn.Parameter(flat)  # all of it: every rank updates everything
+        else:
+            shard = nn.Parameter(shard_of(flat, rank, world_size))  # my chunk, a view
+        optimizer = torch.optim.Adam([shard], lr=config.lr)
+        for indices in batches:
+            loss, sent = step(model, flat, shard, optimizer, X[indices], y[indices])
+            history.step_loss.append(float(loss))
+            history.bytes_sent.append(sent)
+        history.ledger = measure_ledger([*model.parameters(), shard], optimizer)
+        history.parameters = cpu_state_dict(model)
+    history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
+    return history

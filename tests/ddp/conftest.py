@@ -1,0 +1,105 @@
+"""The launches the tests of multigpu.ddp share.
+
+Each world size (1, 2, 4) starts its ranks once and runs every check's training in
+that launch (``ddp.in_one_launch``): starting processes costs more than training.
+Models and data are float64, so "equal" means equal to ~1e-15, not luck. The
+fixtures are session-wide, so the test files of tests/ddp share the launches.
+"""
+
+import os
+
+import pytest
+import torch
+
+from multigpu import ddp
+from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.ranks import ddp as ddp_ranks
+from multigpu.runtime.launch import spawn
+from multigpu.syncbn import convert_sync_batchnorm
+from tests.ddp.problems import CONFIG, EVAL_SAMPLES, TIMEOUT, make_problem
+
+
+@pytest.fixture(scope="session")
+def problem():
+    return make_problem()
+
+
+@pytest.fixture(scope="session")
+def bn_problem():
+    return make_problem(batch_norm=True)
+
+
+@pytest.fixture(scope="session")
+def eval_set(problem):
+    """10 samples whose first 4 are predicted right and the rest wrong: accuracy 0.4,
+    and samples 0 and 1, the ones the padded sampler repeats, are right."""
+    model, X, _ = problem
+    X = X[:EVAL_SAMPLES]
+    with torch.no_grad():
+        predicted = model(X).argmax(1)
+    y = torch.where(torch.arange(EVAL_SAMPLES) < 4, predicted, (predicted + 1) % 3)
+    return X, y
+
+
+@pytest.fixture(scope="session")
+def reference(problem):
+    return single_process(*problem, CONFIG)
+
+
+@pytest.fixture(scope="session")
+def bn_reference(bn_problem):
+    return single_process(*bn_problem, CONFIG)
+
+
+def _calls(problem, bn_problem, eval_set, world_size, checkpoint_dir):
+    model, X, y = problem
+    bn_model, bn_X, bn_y = bn_problem
+    path = os.path.join(checkpoint_dir, f"world{world_size}.pt")
+    calls = {
+        "compare": (ddp_ranks.compare_rank, (model, X, y, CONFIG, {})),
+        "no_sync": (ddp_ranks.train_rank, (model, X, y, CONFIG, {"accumulation": 2})),
+        "eval": (ddp_ranks.evaluation_rank, (model, *eval_set)),
+        "syncbn": (
+            ddp_ranks.train_rank,
+            (convert_sync_batchnorm(bn_model), bn_X, bn_y, CONFIG, {}),
+        ),
+    }
+    if world_size > 1:
+        calls["plain bn"] = (ddp_ranks.train_rank, (bn_model, bn_X, bn_y, CONFIG, {}))
+    if world_size == 2:
+        calls["flag_before_forward"] = (
+            ddp_ranks.train_rank,
+            (model, X, y, CONFIG, {"accumulation": 2, "how": "flag_before_forward"}),
+        )
+        calls["flag_after_forward"] = (
+            ddp_ranks.train_rank,
+            (model, X, y, CONFIG, {"accumulation": 2, "how": "flag_after_forward"}),
+        )
+        calls["syncs"] = (
+            ddp.in_one_launch,
+            (
+                [
+                    (ddp_ranks.accumulation_syncs_rank, (model, X, how))
+                    for how in ddp.ACCUMULATIONS
+                ],
+            ),
+        )
+        first = {"checkpoint": path, "stop_after_epochs": 1}
+        calls["first epoch"] = (ddp_ranks.train_rank, (model, X, y, CONFIG, first))
+        resumed = {"checkpoint": path, "resume_from_checkpoint": True}
+        calls["resumed"] = (ddp_ranks.train_rank, (model, X, y, CONFIG, resumed))
+        calls["broadcast"] = (ddp_ranks.broadcast_at_construction_rank, (0,))
+        calls["join"] = (ddp_ranks.uneven_inputs_rank, (model, X, y, True))
+    return calls
+
+
+@pytest.fixture(scope="session", params=[1, 2, 4], ids=lambda n: f"world{n}")
+def runs(request, problem, bn_problem, eval_set, tmp_path_factory):
+    """Every check's run in one launch of 1, 2 or 4 ranks: {name: results by rank}."""
+    world_size = request.param
+    folder = str(tmp_path_factory.mktemp("checkpoints"))
+    calls = _calls(problem, bn_problem, eval_set, world_size, folder)
+    per_rank = spawn(
+        ddp.in_one_launch, world_size, list(calls.values()), timeout=TIMEOUT
+    )
+    return {name: [results[i] for results in per_rank] for i, name in enumerate(calls)}

@@ -1,0 +1,129 @@
+"""hvd.DistributedOptimizer trains exactly like PyTorch's DDP and like one process on
+the global batch, with one fusion buffer or many and with backward_passes_per_step,
+from ranks that start with different weights; its fusion buffers are sent during
+backward; and its mistakes are explained. The launches are in conftest.py.
+"""
+
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from multigpu import horovod_api as hvd
+from multigpu.allreduce_sgd import world_losses
+from multigpu.core.compare import max_parameter_difference
+from multigpu.core.units import MiB
+from tests.horovod_api.problems import TINY_MB
+
+
+@pytest.mark.parametrize("label", ["one fusion", "many fusions"])
+def test_trains_like_torch_ddp_and_like_one_process(runs, reference, label):
+    ours = runs[label][0]
+    assert max_parameter_difference(ours.parameters, reference.parameters) < 1e-12
+    torch_ddp = runs["torch"][0]
+    assert max_parameter_difference(ours.parameters, torch_ddp.parameters) < 1e-12
+    for other in runs[label][1:]:  # every rank ends with the same weights
+        assert max_parameter_difference(other.parameters, ours.parameters) == 0
+    losses = world_losses(runs[label])  # the mean over the ranks: the global batch's
+    assert losses == pytest.approx(reference.step_loss, abs=1e-12)
+
+
+def test_backward_passes_per_step_equals_no_sync_and_the_whole_batch(runs, reference):
+    ours = runs["accumulated"][0]
+    no_sync = runs["torch no_sync"][0]
+    assert max_parameter_difference(ours.parameters, no_sync.parameters) < 1e-12
+    assert max_parameter_difference(ours.parameters, reference.parameters) < 1e-12
+    losses = world_losses(runs["accumulated"])
+    assert losses == pytest.approx(reference.step_loss, abs=1e-12)
+    for other in runs["accumulated"][1:]:
+        assert max_parameter_difference(other.parameters, ours.parameters) == 0
+
+
+def test_fusion_buffers_are_sent_during_backward_and_fit_the_threshold(runs, problem):
+    model = problem[0]
+    nbytes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    names = list(nbytes)
+    for result in runs["fusion tiny"]:
+        fusions = result["all"]
+        assert sorted(n for fusion in fusions for n in fusion) == sorted(names)
+        assert len(fusions) >= 3
+        for fusion in fusions:  # several gradients share a buffer only if they fit
+            if len(fusion) > 1:
+                assert sum(nbytes[n] for n in fusion) <= TINY_MB * MiB
+        assert any(len(fusion) > 1 for fusion in fusions)
+        # Started in gradient hooks, while gradients were still to come:
+        during = result["during_backward"]
+        assert [fused for fused, _ in during] == fusions[: len(during)]
+        assert len(during) >= 2
+        assert during[0][1] > 0
+        # The classifier's gradients come first, the first conv's last.
+        assert "classifier.bias" in during[0][0]
+        assert "features.0.weight" in fusions[-1]
+    for result in runs["fusion default"]:
+        assert result["during_backward"] == []  # everything fits: sent at step()
+        assert [sorted(f) for f in result["all"]] == [sorted(names)]
+
+
+def _backward(model):
+    torch.manual_seed(1)
+    model(torch.randn(4, 3, dtype=torch.float64)).square().sum().backward()
+
+
+def test_backward_passes_that_do_not_match_are_errors(one_rank):
+    model = torch.nn.Linear(3, 2).double()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = hvd.DistributedOptimizer(sgd, backward_passes_per_step=2)
+    with pytest.raises(hvd.BackwardPassesError, match="without a backward pass"):
+        optimizer.step()
+    _backward(model)
+    with pytest.raises(
+        hvd.BackwardPassesError,
+        match=re.escape(
+            "came after 1 backward pass(es), but this DistributedOptimizer "
+            "has backward_passes_per_step=2"
+        ),
+    ):
+        optimizer.step()
+    _backward(model)
+    with pytest.raises(hvd.BackwardPassesError, match=r"zero_grad\(\) was called"):
+        optimizer.zero_grad()
+    with pytest.raises(hvd.BackwardPassesError, match="backward ran 3 times without"):
+        _backward(model)
+
+
+def test_accumulated_gradients_are_summed_then_averaged(one_rank):
+    model = torch.nn.Linear(3, 2).double()
+    alone = torch.nn.Linear(3, 2).double()
+    alone.load_state_dict(model.state_dict())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = hvd.DistributedOptimizer(sgd, backward_passes_per_step=2)
+    for m in (model, model, alone, alone):
+        _backward(m)
+    optimizer.step()  # one rank: the mean over ranks is its own sum of 2 passes
+    for p, q in zip(model.parameters(), alone.parameters()):
+        assert torch.equal(p.grad, q.grad)
+        assert not torch.equal(p, q)  # the step moved the weights
+    assert [len(f.names) for f in optimizer.last_fusions] == [2]
+    optimizer.zero_grad()  # allowed again after step()
+    _backward(model)
+    optimizer.synchronize()  # a step after 1 of 2 passes, asked for: allowed
+    before = model.weight.detach().clone()
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    assert not torch.equal(model.weight, before)
+
+
+def test_bad_arguments_say_how_to_fix_them(one_rank):
+    model = torch.nn.Linear(3, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="Unknown op 'mean'. Choose one of"):
+        hvd.DistributedOptimizer(sgd, op="mean")
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an integer"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match=r"1 parameter\(s\) of the optimizer are"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("weight", model.weight)])
+    with pytest.raises(ValueError, match="root_rank=1 is not a rank of this group"):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=1)
+    with pytest.raises(ValueError, match="Unknown op"):
+        hvd.allreduce(torch.ones(2), op=dist.ReduceOp.SUM)

@@ -1,0 +1,5 @@
+"""The tests of multigpu.plots draw off screen."""
+
+import matplotlib
+
+matplotlib.use("Agg")

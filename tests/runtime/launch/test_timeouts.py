@@ -1,0 +1,43 @@
+"""Tests for multigpu.runtime.launch.timeouts: timeout=None, and what counts as
+torch.distributed giving up on its peers."""
+
+from datetime import timedelta
+
+import pytest
+
+from multigpu.runtime import launch
+from multigpu.runtime.launch import (
+    WorkerError,
+    spawn,
+)
+from tests import ranks as test_ranks
+
+
+def test_timeout_none_means_no_timeout(no_leftovers):
+    # Rank 1 joins the all_reduce 1.5 s late; with timeout=1 that fails.
+    assert spawn(test_ranks.join_late_rank, 2, 1, 1.5, timeout=None) == [3, 3]
+    assert launch.as_timedelta(None) >= timedelta(days=365)
+    with pytest.raises(WorkerError) as caught:
+        spawn(test_ranks.join_late_rank, 2, 1, 3.0, timeout=1.0)
+    assert caught.value.timed_out
+
+
+def test_ranks_that_all_wait_for_each_other_time_out(no_leftovers):
+    with pytest.raises(WorkerError) as caught:
+        spawn(test_ranks.wait_for_each_other_rank, 2, timeout=2.0)
+    error = caught.value
+    assert error.timed_out
+    assert error.missing_ranks == []  # both reported: torch's own error said so
+
+
+def test_a_timeout_is_recognised_by_kind_and_only_after_the_timeout():
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    with pytest.raises(dist.DistStoreError) as caught:  # a rendezvous that never ends
+        store.wait(["a key no rank sets"], timedelta(seconds=0.1))
+    store_timeout = caught.value
+    assert launch.is_timeout(store_timeout, waited_s=2.0, timeout=1.0)
+    assert launch.is_timeout(TimeoutError(), waited_s=2.0, timeout=1.0)
+    assert not launch.is_timeout(store_timeout, waited_s=0.5, timeout=1.0)
+    assert not launch.is_timeout(ValueError("timed out"), waited_s=2.0, timeout=1.0)

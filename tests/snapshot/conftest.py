@@ -1,0 +1,1 @@
+from tests.snapshot.problem import uninterrupted  # noqa: F401 (a fixture)

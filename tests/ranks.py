@@ -101,9 +101,9 @@ def mismatched_shapes_rank(rank: int, world_size: int) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------
-# Training steps for allreduce_sgd.check_step: one written by hand as notebook 08's
-# exercise asks, and mistakes it must name. Each has sgd_step's signature; ``config``
-# (a TrainConfig) is not used. (tests of allreduce_sgd)
+# Training steps for multigpu.exercises.allreduce_sgd.check_step: one written by hand
+# as notebook 08's exercise asks, and mistakes it must name. Each has sgd_step's
+# signature; ``config`` (a TrainConfig) is not used. (tests of allreduce_sgd)
 
 
 def step_all_reducing_each_gradient(

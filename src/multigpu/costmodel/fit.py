@@ -12,7 +12,7 @@ def fit_alpha_beta(rows: Iterable[Mapping[str, float]]) -> tuple[float, float]:
     """α (seconds per message) and B (bytes/s) of the ring model
     t = 2(n-1)·α + 2(n-1)/n·S/B, fitted by least squares in relative error to
     measured rows with "bytes", "world_size" and "seconds" (as
-    ``workers.time_all_reduces`` returns them) (12).
+    ``multigpu.ranks.collectives.time_all_reduces_rank`` returns them) (12).
 
     Raises ValueError when the rows cannot determine both (fewer than two distinct
     points, or a fit that needs a negative latency or bandwidth cost, which means

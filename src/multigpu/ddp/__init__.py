@@ -58,8 +58,6 @@ from multigpu.runtime.rank import (  # the rank environment, taught in 09
     setup,
 )
 
-train = train_ddp_loop  # the name notebook 09's text uses (``ddp.train``)
-
 __all__ = [
     "ACCUMULATIONS",
     "COMMAND",
@@ -94,7 +92,6 @@ __all__ = [
     "setup",
     "spawn",
     "torchrun_on_port",
-    "train",
     "train_ddp_loop",
     "wrap",
 ]

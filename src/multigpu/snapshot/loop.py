@@ -52,9 +52,9 @@ def train_with_snapshots(
     Like :func:`multigpu.ddp.train_ddp_loop` (SGD with momentum,
     ``config.batch_size`` the global batch, the same sample order), and also:
     ``fault`` kills a rank once (:func:`fire`); ``step_delay`` seconds of sleep per
-    step slow the run down so that a rank can be killed from outside while it trains; ``stop_after_steps``
-    ends the run early, as an interruption would. The returned History holds the
-    epochs and steps trained by this launch only. Rank 0 calls ``log``.
+    step slow the run down so that a rank can be killed from outside while it
+    trains; ``stop_after_steps`` ends the run early, as an interruption would. The
+    returned History holds the epochs and steps trained by this launch only. Rank 0 calls ``log``.
     ``save`` and ``load`` replace :func:`save_snapshot` and :func:`load_snapshot`
     (same arguments), for an exercise that writes them.
     """

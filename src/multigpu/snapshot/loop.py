@@ -54,9 +54,9 @@ def train_with_snapshots(
     ``fault`` kills a rank once (:func:`fire`); ``step_delay`` seconds of sleep per
     step slow the run down so that a rank can be killed from outside while it
     trains; ``stop_after_steps`` ends the run early, as an interruption would. The
-    returned History holds the epochs and steps trained by this launch only. Rank 0 calls ``log``.
-    ``save`` and ``load`` replace :func:`save_snapshot` and :func:`load_snapshot`
-    (same arguments), for an exercise that writes them.
+    returned History holds the epochs and steps trained by this launch only. Rank 0
+    calls ``log``. ``save`` and ``load`` replace :func:`save_snapshot` and
+    :func:`load_snapshot` (same arguments), for an exercise that writes them.
     """
     save = save_snapshot if save is None else save
     load = load_snapshot if load is None else load

@@ -18,7 +18,7 @@ Notebook 08's recipe with the library doing the work, one file per part:
 - ``accumulation``: :func:`scaled_lr`, :func:`accumulate` (``no_sync``, AMP);
 - ``checkpoints``: :func:`save_on_main`, :func:`resume`;
 - ``loop``: :func:`train_ddp_loop`, what every rank runs;
-- ``cli`` and ``__main__``: the torchrun script; ``ports``, ``timing``: 09b, 12.
+- ``cli`` and ``__main__``: the torchrun script; ``ports``: a port in use (09b).
 
 The rank environment (:func:`setup`, :func:`read_rank_env`) comes from
 :mod:`multigpu.runtime.rank`, the launchers from :mod:`multigpu.runtime.launch`;

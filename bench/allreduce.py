@@ -16,6 +16,7 @@ notebooks/07_collectives_from_scratch.ipynb.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from multigpu.ranks.collectives import time_all_reduces_rank
@@ -71,12 +72,20 @@ def print_table(table: list[dict]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--repeats", type=int, default=7)
-    options = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--world-sizes", type=int, nargs="+", default=[2, 4], help="default: 2 4"
+    )
+    parser.add_argument(
+        "--sizes-mib", type=int, nargs="+", default=[1, 16, 64], help="default: 1 16 64"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="fewest repeats per size (default: 7)"
+    )
+    options = parser.parse_args(argv)
     start = time.perf_counter()
     table = run(options.world_sizes, options.sizes_mib, options.repeats)
     print_table(table)
@@ -84,7 +93,8 @@ def main() -> None:
         f"busbw = size / time * 2(n-1)/n; median of >= {options.repeats} repeats; "
         f"{time.perf_counter() - start:.0f} s in all"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

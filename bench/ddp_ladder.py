@@ -10,12 +10,15 @@ rank's time counts and the median over the steps is printed. "hidden" is the
 median fraction of all-reduce time that ran while backward was still computing
 (from the wrappers' own timelines; PyTorch's DDP keeps none). Run:
 
-    python bench/ddp_ladder.py
+    python bench/ddp_ladder.py                      # 15 steps; 2 and 4 ranks
+    python bench/ddp_ladder.py --steps 5 --world-sizes 2
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 
 from multigpu.core.models import count_parameters, mlp
 from multigpu.ranks import miniddp as miniddp_ranks
@@ -55,21 +58,36 @@ def table(world_size: int, variants: list, steps: int) -> dict:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=15, help="timed steps per variant (default: 15)"
+    )
+    parser.add_argument(
+        "--world-sizes",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks of the ladder (default: 2 4); the bucket sweep runs on 2",
+    )
+    options = parser.parse_args(argv)
     params = count_parameters(mlp(in_features=64, width=1024, depth=6))
     print(
         f"mlp(width=1024, depth=6): {params:,} parameters, {4 * params / 2**20:.1f} "
         f"MiB of gradients; 64 samples per rank, 1 thread per rank, "
         f"{os.cpu_count()} cores"
     )
-    for world_size in (2, 4):
+    for world_size in options.world_sizes:
         print(f"\n== {world_size} ranks: the ladder")
-        times = table(world_size, LADDER, 15)
+        times = table(world_size, LADDER, options.steps)
         ratio = times["bucketed 5 MB"]["seconds"] / times["torch DDP 5 MB"]["seconds"]
         print(f"bucketed / torch DDP step time: {ratio:.2f}x (target: at most 1.10x)")
     print("\n== 2 ranks: bucket size (bucket_cap_mb)")
-    table(2, SWEEP, 15)
+    table(2, SWEEP, options.steps)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,13 +6,16 @@ gradient all-reduce and, in turns, without it (inside ``no_sync``); the differen
 is the part of a step spent communicating. The first row is one plain process
 (no DDP, no process group) doing the same step. Every rank gets one thread. Run:
 
-    python bench/ddp_steps.py
+    python bench/ddp_steps.py                 # 32 per rank, 30 steps, 1, 2 and 4 ranks
+    python bench/ddp_steps.py --batch 64 --steps 10 --world-sizes 1 2
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -46,27 +49,48 @@ def plain_step_seconds(per_rank_batch: int = 32, steps: int = 30) -> float:
         torch.set_num_threads(threads)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--batch", type=int, default=32, help="samples per rank per step (default: 32)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=30, help="timed steps (default: 30)"
+    )
+    parser.add_argument(
+        "--world-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="ranks of the DDP rows (default: 1 2 4)",
+    )
+    options = parser.parse_args(argv)
+    batch, steps = options.batch, options.steps
     cores = os.cpu_count()
-    print(f"ConvNet, 32 samples per rank per step, 1 thread per rank, {cores} cores")
+    print(
+        f"ConvNet, {batch} samples per rank per step, 1 thread per rank, {cores} cores"
+    )
     header = ("ranks", "step ms", "no-sync ms", "communication", "samples/s")
     widths = (10, *map(len, header[1:]))
     print(" | ".join(f"{name:>{width}}" for name, width in zip(header, widths)))
-    plain = plain_step_seconds(32, 30)
+    plain = plain_step_seconds(batch, steps)
     print(
         f"{'1 (no DDP)':>10} | {1000 * plain:7.2f} | {'-':>10} | {'-':>13} | "
-        f"{32 / plain:9.0f}"
+        f"{batch / plain:9.0f}"
     )
-    for world_size in (1, 2, 4):
-        times = spawn(ddp_ranks.step_times_rank, world_size, 32, 30)[0]
+    for world_size in options.world_sizes:
+        times = spawn(ddp_ranks.step_times_rank, world_size, batch, steps)[0]
         step, local = times["synced"], times["no_sync"]
         share = max(0.0, (step - local) / step)
-        rate = 32 * world_size / step
+        rate = batch * world_size / step
         print(
             f"{world_size:>10} | {1000 * step:7.2f} | {1000 * local:10.2f} | "
             f"{share:13.0%} | {rate:9.0f}"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 
 from tqdm import tqdm
 
@@ -43,17 +44,24 @@ def count_aborts(ending: str, runs: int, ranks: int) -> tuple[int, int]:
     return failed, aborted
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--ranks", type=int, default=4)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=20, help="launches per ending (default: 20)"
+    )
+    parser.add_argument(
+        "--ranks", type=int, default=4, help="ranks per launch (default: 4)"
+    )
+    args = parser.parse_args(argv)
     print(f"{platform.platform()}, {args.ranks} ranks, {args.runs} launches each")
     print(f"{'ending':<10} {'failed':>7} {'terminate called':>17}")
     for ending in ENDINGS:
         failed, aborted = count_aborts(ending, args.runs, args.ranks)
         print(f"{ending:<10} {failed:>7} {aborted:>17}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

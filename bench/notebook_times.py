@@ -1,13 +1,16 @@
 """Time every notebook top to bottom against the 60 s budget of docs/notebooks.md.
 
-Run with ``make bench`` (or ``python bench/notebook_times.py [NOTEBOOK ...]``). The
-notebooks are executed in memory, the files on disk are not changed. Each one gets a
-fresh kernel, so the time includes kernel start-up and imports, as a learner's
-"Restart and run all" would.
+    python bench/notebook_times.py            # every lesson, then every solution
+    python bench/notebook_times.py notebooks/07_collectives_from_scratch.ipynb
+
+``make bench`` runs the first. The notebooks are executed in memory, the files on
+disk are not changed. Each one gets a fresh kernel, so the time includes kernel
+start-up and imports, as a learner's "Restart and run all" would.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -41,7 +44,16 @@ def time_notebook(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def main(args: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        help="notebooks to time (default: notebooks/[0-9]*.ipynb, then solutions/)",
+    )
+    args = parser.parse_args(argv).notebooks
     print(
         f"{platform.machine()}, {os.cpu_count()} cores, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
@@ -64,4 +76,4 @@ def main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

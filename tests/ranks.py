@@ -179,21 +179,37 @@ def step_returning_the_ranks_summed_loss(
 
 
 def forward_backward_rank(
-    rank: int, world_size: int, x: torch.Tensor, layer: torch.nn.Module
+    rank: int,
+    world_size: int,
+    x: torch.Tensor,
+    layer: torch.nn.Module,
+    sizes: list[int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Rank r takes its slice of the global batch ``x`` (B, C, ...), runs ``layer``
-    (a BatchNorm) in training mode and backward of the sum of squared outputs
-    of the whole batch; returns its output, its input gradient, the layer's weight
-    gradient summed over the ranks and its running statistics (tests of syncbn).
+    """Rank r takes its slice of the global batch ``x`` (B, C, ...): ``sizes[r]``
+    samples (the slices in rank order; 0 allowed), or with ``sizes=None`` the r-th
+    of ``x.chunk(world_size)``. It runs ``layer`` (a BatchNorm) in training mode and
+    backward of the sum of squared outputs of the whole batch; returns its output,
+    its input gradient, the layer's weight gradient summed over the ranks and its
+    running statistics (tests of syncbn).
 
     Under nccl the tensors go to this rank's GPU (for ``nn.SyncBatchNorm``)."""
     import copy
 
+    if sizes is None:
+        chunk = x.chunk(world_size)[rank]
+    elif len(sizes) != world_size or sum(sizes) != len(x) or min(sizes) < 0:
+        raise ValueError(
+            f"sizes={list(sizes)} do not split a batch of {len(x)} over "
+            f"{world_size} ranks. Pass one size per rank, each >= 0, summing to "
+            f"{len(x)}."
+        )
+    else:
+        chunk = x.split(list(sizes))[rank]
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     layer = copy.deepcopy(layer).to(device).train()
-    chunk = x.chunk(world_size)[rank].to(device).requires_grad_(True)
+    chunk = chunk.to(device).requires_grad_(True)
     out = layer(chunk)
     (out * out).sum().backward()
     weight_grad = layer.weight.grad.clone()
@@ -204,4 +220,145 @@ def forward_backward_rank(
         "weight grad": weight_grad.cpu(),
         "running_mean": layer.running_mean.cpu(),
         "running_var": layer.running_var.cpu(),
+    }
+
+
+def ddp_from_seed_rank(
+    rank: int,
+    world_size: int,
+    build,
+    dtype: torch.dtype,
+    seed: int,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config,
+    options: dict,
+) -> dict:
+    """Build the model with ``build(dtype, seed + rank)`` (so the ranks may start
+    from different weights) and train it with :func:`multigpu.ddp.train_ddp_loop`.
+    Returns {"history", "differed before"}; a ``RuntimeError`` or ``ValueError``
+    the training raises comes back as {"error": its text} (tests/ddp's hard cases)."""
+    from multigpu.ddp import train_ddp_loop
+
+    model = build(dtype, seed + rank)
+    flat = torch.cat([t.flatten().double() for t in model.state_dict().values()])
+    gathered = [torch.zeros_like(flat) for _ in range(world_size)]
+    dist.all_gather(gathered, flat)
+    differed = any(not torch.equal(t, gathered[0]) for t in gathered[1:])
+    try:
+        history = train_ddp_loop(
+            model, X, y, config, progress=False, log=None, **options
+        )
+    except (RuntimeError, ValueError) as error:
+        return {"error": str(error), "differed before": differed}
+    return {"history": history, "differed before": differed}
+
+
+# ----------------------------------------------------------------------------------
+# Hard cases (tests/hard_cases.py) for allreduce_sgd and horovod_api: ranks that
+# build their model from their own seed (tests of allreduce_sgd and horovod_api)
+
+
+def train_loop_from_own_seed_rank(
+    rank: int, world_size: int, build, seed: int, X, y, config
+):
+    """Build the model with ``build(seed=seed + rank)``, then train it with
+    :func:`multigpu.allreduce_sgd.train_loop` (tests of allreduce_sgd)."""
+    from multigpu.allreduce_sgd import train_loop
+
+    model = build(seed=seed + rank)
+    return train_loop(model, X, y, config, rank, world_size, True)
+
+
+def horovod_from_own_seed_rank(
+    rank: int, world_size: int, build, seed: int, X, y, config
+):
+    """Build the model with ``build(seed=seed + rank)``, then train it as a Horovod
+    script (which broadcasts rank 0's weights) (tests of horovod_api)."""
+    from multigpu.ranks.horovod_api import train_horovod_style_rank
+
+    model = build(seed=seed + rank)
+    return train_horovod_style_rank(
+        rank, world_size, model, X, y, config, different_start=False
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Hard cases (tests/hard_cases.py) for miniddp: ranks that build their model from
+# their own seed, refusals, and PyTorch DDP's own record of its buckets
+
+
+def miniddp_from_own_seed_rank(
+    rank: int,
+    world_size: int,
+    build,
+    seed: int,
+    X,
+    y,
+    config,
+    strategies: tuple[str, ...],
+    options: dict,
+    accumulation: int = 1,
+):
+    """Build the model with ``build(seed=seed + rank)``, then train it with
+    :func:`multigpu.miniddp.train_with_strategy` once per strategy (tests of
+    miniddp)."""
+    from multigpu.miniddp import train_with_strategy
+
+    model = build(seed=seed + rank)
+    return {
+        strategy: train_with_strategy(
+            model, X, y, config, strategy, options, accumulation
+        )
+        for strategy in strategies
+    }
+
+
+def miniddp_error_rank(
+    rank: int, world_size: int, model, strategy: str, options: dict, X, y, steps=2
+):
+    """Wrap ``model`` with ``strategy`` and take ``steps`` SGD steps; the error that
+    stopped it ({"step": -1 at construction, "error", "message"}), or None (tests of
+    miniddp)."""
+    from multigpu.miniddp import make_ddp
+
+    step = -1
+    try:
+        wrapped = make_ddp(model, strategy, **options)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        for step in range(steps):  # noqa: B007 (the except reports it)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(wrapped(X), y).backward()
+            optimizer.step()
+    except (RuntimeError, TypeError, ValueError) as error:
+        return {"step": step, "error": type(error).__name__, "message": str(error)}
+    return None
+
+
+def torch_ddp_buckets_rank(
+    rank: int, world_size: int, model, bucket_cap_mb: float, X, steps: int = 3
+):
+    """What :func:`multigpu.miniddp.record_torch_buckets` logged over ``steps``
+    steps of PyTorch's DDP, next to DDP's own logging data after them (its bucket
+    sizes and rebuilt buckets), the parameter names in DDP's order, and the final
+    weights (tests of miniddp)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from multigpu.core.train import cpu_state_dict
+    from multigpu.miniddp import record_torch_buckets
+
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    log = record_torch_buckets(ddp)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        ddp(X).sum().backward()
+        optimizer.step()
+    ddp(X)  # DDP's logging data is updated in forward
+    data = ddp._get_ddp_logging_data()
+    return {
+        "log": log,
+        "logged": {k: v for k, v in data.items() if "bucket" in k},
+        "names": [n for n, p in model.named_parameters() if p.requires_grad],
+        "parameters": cpu_state_dict(ddp.module),
     }

@@ -9,8 +9,10 @@ from torch import nn
 from multigpu import syncbn
 from multigpu.core.models import ConvNet
 from multigpu.ranks import ddp as ddp_ranks
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
 from tests.ranks import forward_backward_rank
+
+TIMEOUT = 60.0  # seconds for the rendezvous and each collective (only a hang waits)
 
 
 def _batch():
@@ -45,6 +47,100 @@ def test_each_rank_gets_the_global_batch_result(world_size):
         torch.testing.assert_close(r["weight grad"], reference.weight.grad)
         torch.testing.assert_close(r["running_mean"], reference.running_mean)
         torch.testing.assert_close(r["running_var"], reference.running_var)
+
+
+def _shaped(shape, dtype=torch.float64, mean=1.0, seed=0):
+    """A batch of ``shape`` (B, C, ...) and BatchNorm1d/2d with random affine."""
+    torch.manual_seed(seed)
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + mean).to(dtype)
+    kind = nn.BatchNorm2d if len(shape) == 4 else nn.BatchNorm1d
+    layer = kind(shape[1]).to(dtype)
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+        layer.bias.uniform_(-0.5, 0.5)
+    return x, layer
+
+
+def _gathered(results):
+    return torch.cat([r["out"] for r in results]), torch.cat(
+        [r["grad"] for r in results]
+    )
+
+
+# float64: (B, C), (B, C, L) and (B, C, H, W) batches over 3 ranks, split evenly,
+# unevenly and with a rank that has no sample.
+SHAPES = {"2-D": (13, 3), "3-D": (13, 3, 5), "4-D": (13, 3, 4, 4)}
+SIZES = {"even": None, "uneven": [2, 7, 4], "empty rank": [6, 0, 7]}
+
+
+def test_float64_any_shape_and_any_split_is_the_global_batch():
+    cases = [(s, z) for s in SHAPES for z in SIZES]
+    batches = {s: _shaped(shape) for s, shape in SHAPES.items()}
+    calls = [
+        (
+            forward_backward_rank,
+            (batches[s][0], syncbn.convert_sync_batchnorm(batches[s][1]), SIZES[z]),
+        )
+        for s, z in cases
+    ]
+    per_rank = spawn(in_one_launch, 3, calls, timeout=TIMEOUT)
+    for i, (s, z) in enumerate(cases):
+        results = [rank_results[i] for rank_results in per_rank]
+        out, grad, reference = _global(*batches[s])
+        if z == "empty rank":
+            assert results[1]["out"].shape[0] == 0
+        got_out, got_grad = _gathered(results)
+        torch.testing.assert_close(got_out, out, msg=f"{s}, {z}")
+        torch.testing.assert_close(got_grad, grad, msg=f"{s}, {z}")
+        for r in results:
+            torch.testing.assert_close(r["weight grad"], reference.weight.grad)
+            torch.testing.assert_close(r["running_mean"], reference.running_mean)
+            torch.testing.assert_close(r["running_var"], reference.running_var)
+
+
+@pytest.mark.parametrize("sizes", [None, [1000, 0, 1048]], ids=["even", "empty rank"])
+def test_float32_with_a_large_mean_matches_batchnorm(sizes):
+    """Inputs 1e4 + N(0, 1): E[x²] - mean² cancels in float32 (the old reference
+    gave variances of 8 and 16 and outputs 2.8 off). Tolerances: a float32 mean near
+    1e4 is known to 1e-3 (its spacing), and nn.BatchNorm1d in float32 is itself
+    3.6e-3 (outputs) and 8e-3 (input gradients) from the float64 result; so outputs
+    within 1e-2, input gradients within 3e-2, running_var within 1e-4 relative."""
+    torch.manual_seed(0)
+    x = 1e4 + torch.randn(2048, 4)
+    layer = nn.BatchNorm1d(4)
+    out, grad, reference = _global(x, layer)
+    results = spawn(
+        forward_backward_rank,
+        3,
+        x,
+        syncbn.convert_sync_batchnorm(layer),
+        sizes,
+        timeout=TIMEOUT,
+    )
+    got_out, got_grad = _gathered(results)
+    assert not got_out.isnan().any()
+    torch.testing.assert_close(got_out, out, rtol=0, atol=1e-2)
+    torch.testing.assert_close(got_grad, grad, rtol=0, atol=3e-2)
+    for r in results:
+        torch.testing.assert_close(
+            r["running_var"], reference.running_var, rtol=1e-4, atol=0
+        )
+        torch.testing.assert_close(
+            r["running_mean"], reference.running_mean, rtol=0, atol=1e-3
+        )
+        torch.testing.assert_close(
+            r["weight grad"], reference.weight.grad, rtol=1e-3, atol=1e-2
+        )
+
+
+def test_sizes_that_do_not_split_the_batch_are_refused():
+    x, layer = _batch()
+    with pytest.raises(ValueError) as raised:
+        forward_backward_rank(0, 3, x, layer, [4, 4])
+    assert str(raised.value) == (
+        "sizes=[4, 4] do not split a batch of 8 over 3 ranks. Pass one size per "
+        "rank, each >= 0, summing to 8."
+    )
 
 
 def test_per_rank_batchnorm_does_not():

@@ -78,14 +78,27 @@ def sum_gradients(model: nn.Module, method: str = "ring") -> None:
     """Replace every gradient by its sum over the ranks, with one all-reduce (08).
 
     The gradients travel as one flat buffer (one message per step instead of one per
-    parameter, as DDP's buckets do).
+    parameter, as DDP's buckets do). A frozen parameter (``requires_grad=False``)
+    is left out; a trainable one that got no gradient on this rank (unused in
+    forward) sends zeros, as DDP does with ``find_unused_parameters=True``, so that
+    every rank sends a buffer of the same layout.
     """
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise RuntimeError(
+            "The model has no trainable parameters: every parameter is frozen "
+            "(requires_grad=False), so there is nothing to train. Unfreeze at least "
+            "one parameter."
+        )
+    if all(p.grad is None for p in params):
         raise RuntimeError(
             "The model has no gradients to reduce. Call loss.backward() before "
             "summing or averaging gradients."
         )
+    for p in params:
+        if p.grad is None:  # unused in this rank's forward: a zero gradient
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])  # (total parameters,)
     allreduce_sum(flat, method)
     offset = 0
@@ -101,6 +114,28 @@ def average_gradients(model: nn.Module, method: str = "ring") -> None:
     for p in model.parameters():
         if p.grad is not None:
             p.grad.div_(world_size)
+
+
+def check_same_start(model: nn.Module) -> None:
+    """Raise on every rank unless all ranks' weights and buffers equal rank 0's (08).
+
+    Step 1 of the recipe: averaged gradients keep identical replicas identical, but
+    never make different ones agree (models built from ``seed + rank``). This
+    module does not broadcast rank 0's weights, as DDP does; it refuses instead.
+    """
+    floats = [t for t in model.state_dict().values() if t.is_floating_point()]
+    mine = torch.cat([t.detach().reshape(-1).double() for t in floats])
+    root = mine.clone()
+    dist.broadcast(root, src=0)
+    differ = torch.tensor([float(not torch.equal(mine, root))], device=mine.device)
+    dist.all_reduce(differ)  # the number of ranks whose weights are not rank 0's
+    if differ.item() > 0:
+        raise ValueError(
+            f"The ranks start from different weights: {int(differ.item())} of "
+            f"{dist.get_world_size()} ranks differ from rank 0 (a model built from "
+            "seed + rank?). Build the model from the same seed on every rank, or "
+            "copy rank 0's weights to the others with dist.broadcast first."
+        )
 
 
 def sgd_step(
@@ -159,6 +194,8 @@ def train_loop(
     device = rank_device() if distributed else torch.device("cpu")
     model = copy.deepcopy(model).to(device)  # never change the caller's weights
     model.train()
+    if distributed:
+        check_same_start(model)  # step 1 of the recipe
     X, y = X.to(device), y.to(device)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum

@@ -1,21 +1,26 @@
-"""Synchronized BatchNorm written with all-reduces, for CPUs and gloo (09b).
+"""Synchronized BatchNorm written with one all-reduce, for CPUs and gloo (09b).
 
 ``torch.nn.SyncBatchNorm`` normalises each channel with the mean and variance of the
 *global* batch, summed over all ranks, but its kernels are GPU-only: on CPU tensors
 it raises "SyncBatchNorm expected input tensor to be on GPU ...". This module is the
-same idea in a few lines that run anywhere. Per channel each rank computes the sum
-of its values, the sum of their squares and their count; one all-reduce adds them
-over the ranks; then
+same idea in a few lines that run anywhere. Per channel each rank computes its count
+n_r, its mean m_r and the sum of squared deviations from that mean, M2_r; the ranks
+exchange the three (an all-gather, written as one all-reduce); then, with
+N = Σ n_r,
 
-    mean = sum / count,    var = sum_of_squares / count - mean²   (biased)
+    mean = Σ n_r m_r / N,    var = Σ (M2_r + n_r (m_r - mean)²) / N   (biased)
 
-normalise with them, and keep the running statistics as BatchNorm does (with the
-unbiased variance). The all-reduce is differentiable (its backward all-reduces the
-gradient), so each rank's backward also gets the other ranks' share of the
-gradient through the statistics, as in PyTorch's
+(Chan et al.'s combination, what PyTorch's ``batch_norm_gather_stats_with_counts``
+does). The shorter ``E[x²] - mean²`` is the same in exact arithmetic but cancels in
+float32 when the mean is large next to the spread (inputs 1e4 + N(0, 1) give
+negative variances). Normalise with them, and keep the running statistics as
+BatchNorm does (with the unbiased variance). The all-reduce is differentiable (its
+backward all-reduces the gradient), so each rank's backward also gets the other
+ranks' share of the gradient through the statistics, as in PyTorch's
 https://github.com/pytorch/pytorch/blob/main/torch/nn/modules/_functions.py.
 With it, N ranks train exactly like one process with plain BatchNorm on the global
-batch. Taught in ``notebooks/09b_ddp_in_practice.ipynb``.
+batch, whatever each rank's batch size (0 included). Taught in
+``notebooks/09b_ddp_in_practice.ipynb``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,31 @@ class SumOverRanks(torch.autograd.Function):
         return total
 
 
+def combine_statistics(
+    count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(N, mean, biased var)`` per channel of the global batch, from this rank's
+    ``count`` (1,), ``mean`` (C,) and sum of squared deviations ``m2`` (C,) (09b).
+
+    Every rank writes its three into its own row of a table of zeros; summing the
+    table over the ranks (:class:`SumOverRanks`) gives every rank every row, an
+    all-gather that autograd can go back through. The rows are combined with their
+    counts (a rank with count 0 adds nothing), never as ``E[x²] - mean²``.
+    """
+    table = count.new_zeros(dist.get_world_size(), 1 + 2 * mean.numel())
+    table[dist.get_rank()] = torch.cat([count, mean, m2])
+    rows = SumOverRanks.apply(table)  # (ranks, 1 + 2C): every rank's statistics
+    counts, means, m2s = (
+        rows[:, :1],
+        rows[:, 1 : 1 + mean.numel()],
+        rows[:, 1 + mean.numel() :],
+    )
+    n = counts.sum()
+    global_mean = (counts * means).sum(0) / n
+    deviations = m2s + counts * (means - global_mean) ** 2  # M2_r about the global mean
+    return n, global_mean, deviations.sum(0) / n
+
+
 class ReferenceSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm over the global batch of all ranks, for any input (B, C, ...) (09b).
 
@@ -65,12 +95,11 @@ class ReferenceSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]  # every dimension but the channels
-        count = x.new_tensor([x.numel() / channels])
-        local = torch.cat([x.sum(dims), (x * x).sum(dims), count])  # (2C + 1,)
-        total = SumOverRanks.apply(local)  # one all-reduce for all three
-        n = total[-1]
-        mean = total[:channels] / n
-        var = total[channels : 2 * channels] / n - mean * mean  # biased
+        shape = (1, channels) + (1,) * (x.dim() - 2)
+        count = x.numel() // channels  # this rank's values per channel, maybe 0
+        local_mean = x.sum(dims) / max(count, 1)  # (C,)
+        m2 = ((x - local_mean.view(shape)) ** 2).sum(dims)  # squared deviations
+        n, mean, var = combine_statistics(x.new_tensor([count]), local_mean, m2)
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
@@ -82,7 +111,6 @@ class ReferenceSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 unbiased = var * n / (n - 1)
                 self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
                 self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)
-        shape = (1, channels) + (1,) * (x.dim() - 2)
         out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             out = out * self.weight.view(shape) + self.bias.view(shape)

@@ -2,7 +2,8 @@
 
 Each world size (1, 2, 4) starts its ranks once and runs every check's training in
 that launch (``ddp.in_one_launch``): starting processes costs more than training.
-Models and data are float64, so "equal" means equal to ~1e-15, not luck. The
+The hard cases of tests/hard_cases.py get one launch per world size (2, 3, 4).
+The ConvNet problem is float64, so "equal" means equal to ~1e-15, not luck. The
 fixtures are session-wide, so the test files of tests/ddp share the launches.
 """
 
@@ -13,10 +14,20 @@ import torch
 
 from multigpu import ddp
 from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.core.train import TrainConfig
 from multigpu.ranks import ddp as ddp_ranks
 from multigpu.runtime.launch import spawn
 from multigpu.syncbn import convert_sync_batchnorm
-from tests.ddp.problems import CONFIG, EVAL_SAMPLES, TIMEOUT, make_problem
+from tests.ddp.problems import (
+    CONFIG,
+    EVAL_SAMPLES,
+    HARD_WORLD_SIZES,
+    TIMEOUT,
+    hard_config,
+    make_problem,
+)
+from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.ranks import ddp_from_seed_rank
 
 
 @pytest.fixture(scope="session")
@@ -101,5 +112,40 @@ def runs(request, problem, bn_problem, eval_set, tmp_path_factory):
     calls = _calls(problem, bn_problem, eval_set, world_size, folder)
     per_rank = spawn(
         ddp.in_one_launch, world_size, list(calls.values()), timeout=TIMEOUT
+    )
+    return {name: [results[i] for results in per_rank] for i, name in enumerate(calls)}
+
+
+def _hard_calls(world_size):
+    """The hard-case runs of one launch: {name: (rank function, arguments)}. The
+    run that raises goes last, so a broken DDP state cannot affect the others."""
+    config = hard_config(world_size)
+    find_unused = {"wrap_options": {"find_unused_parameters": True}}
+    calls = {}
+    for dtype in DTYPES:
+        X, y = hard_case_data(dtype=dtype)
+        for build in (hard_case_model, tiny_model):
+            options = find_unused if build is hard_case_model else {}
+            arguments = (build, dtype, 0, X, y, config, options)
+            calls[(build.__name__, dtype)] = (ddp_from_seed_rank, arguments)
+    X, y = hard_case_data()
+    padded = {**find_unused, "padded_sampler": True}
+    arguments = (hard_case_model, torch.float64, 0, X, y, config, padded)
+    calls["padded"] = (ddp_from_seed_rank, arguments)
+    too_big = TrainConfig(epochs=1, batch_size=60, lr=0.2)  # 60 > 41 samples
+    arguments = (hard_case_model, torch.float64, 0, X, y, too_big, find_unused)
+    calls["batch too big"] = (ddp_from_seed_rank, arguments)
+    arguments = (hard_case_model, torch.float64, 0, X, y, config, {})
+    calls["no find_unused"] = (ddp_from_seed_rank, arguments)
+    return calls
+
+
+@pytest.fixture(scope="session", params=HARD_WORLD_SIZES, ids=lambda n: f"world{n}")
+def hard_runs(request):
+    """The hard cases trained by torch DDP on 2, 3 or 4 ranks in one launch, each
+    rank building its model from ``seed + rank``: {name: results by rank}."""
+    calls = _hard_calls(request.param)
+    per_rank = spawn(
+        ddp.in_one_launch, request.param, list(calls.values()), timeout=TIMEOUT
     )
     return {name: [results[i] for results in per_rank] for i, name in enumerate(calls)}

@@ -1,12 +1,31 @@
 """DistributedDataParallel trains exactly like one process on the global batch."""
 
+import copy
+import math
+
 import pytest
 import torch
 
+from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.core.compare import max_parameter_difference
+from multigpu.core.data import epoch_order
 from multigpu.ranks import ddp as ddp_ranks
 from multigpu.runtime.launch import WorkerError, spawn
-from tests.ddp.problems import CONFIG, STEPS, assert_same, make_problem
+from tests.ddp.problems import (
+    CONFIG,
+    HARD_BATCH,
+    STEPS,
+    assert_same,
+    hard_config,
+    make_problem,
+)
+from tests.hard_cases import (
+    DTYPES,
+    NUM_SAMPLES,
+    hard_case_data,
+    hard_case_model,
+    tiny_model,
+)
 
 
 def test_reference_training_moves_the_weights(problem, reference):
@@ -82,3 +101,108 @@ def test_nccl_ddp_equals_one_process(problem, reference):
     for history in histories:
         for key, tensor in reference.parameters.items():
             torch.testing.assert_close(history.parameters[key], tensor)
+
+
+# The hard cases (tests/hard_cases.py) on 2, 3 and 4 ranks, each rank building its
+# model from seed + rank: DDP broadcasts rank 0's, so one process starts from seed 0.
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
+BUILDS = {"hard_case_model": hard_case_model, "tiny_model": tiny_model}
+
+
+def one_process(name, dtype, config):
+    X, y = hard_case_data(dtype=dtype)
+    return single_process(BUILDS[name](dtype, 0), X, y, config)
+
+
+def padded_one_process(model, X, y, config, world_size):
+    """One process on the global batches the padded sampler gives ``world_size``
+    ranks: each epoch's order padded with its own first indices up to
+    ``ceil(N / W) * W``, cut into global batches, as many as a rank's padded shard
+    holds per-rank batches. Its final parameters."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum
+    )
+    num_samples, batch = len(X), config.batch_size
+    per_rank, shard = batch // world_size, math.ceil(len(X) / world_size)
+    for epoch in range(config.epochs):
+        order = epoch_order(num_samples, config.seed, epoch)
+        padded = torch.cat([order, order[: shard * world_size - num_samples]])
+        for step in range(shard // per_rank):
+            indices = padded[step * batch : (step + 1) * batch]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(X[indices]), y[indices]).backward()
+            optimizer.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("name", BUILDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ddp_equals_one_process_on_the_hard_cases(hard_runs, name, dtype):
+    world_size = len(hard_runs["padded"])
+    config = hard_config(world_size)
+    reference = one_process(name, dtype, config)
+    assert len(reference.step_loss) == config.epochs * (
+        NUM_SAMPLES // HARD_BATCH[world_size]
+    )
+    difference = 0.0
+    for result in hard_runs[(name, dtype)]:
+        history = result["history"]
+        assert len(history.step_loss) == len(reference.step_loss)
+        assert history.parameters.keys() == reference.parameters.keys()
+        for key, tensor in reference.parameters.items():
+            torch.testing.assert_close(
+                history.parameters[key], tensor, rtol=0, atol=TOLERANCE[dtype]
+            )
+        difference = max(
+            difference,
+            max_parameter_difference(history.parameters, reference.parameters),
+        )
+    print(
+        f"{world_size} ranks, {name}, {dtype}: max |DDP - one process| {difference:.2g}"
+    )
+
+
+def test_ranks_built_from_their_own_seeds_start_different(hard_runs):
+    for dtype in DTYPES:
+        assert all(r["differed before"] for r in hard_runs[("hard_case_model", dtype)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_frozen_stays_frozen_and_tied_stays_tied(hard_runs, dtype):
+    initial = hard_case_model(dtype, 0).state_dict()  # rank 0's
+    for result in hard_runs[("hard_case_model", dtype)]:
+        parameters = result["history"].parameters
+        for key in ("frozen.weight", "frozen.bias", "unused.weight", "scale"):
+            assert torch.equal(parameters[key], initial[key])
+        assert torch.equal(parameters["encode.weight"], parameters["decode.weight"])
+        assert not torch.equal(parameters["encode.weight"], initial["encode.weight"])
+
+
+def test_padded_sampler_adds_steps_and_equals_padding_emulated(hard_runs):
+    world_size = len(hard_runs["padded"])
+    config = hard_config(world_size)
+    X, y = hard_case_data()
+    model = hard_case_model(torch.float64, 0)
+    emulated = padded_one_process(model, X, y, config, world_size)
+    exact = one_process("hard_case_model", torch.float64, config)
+    for result in hard_runs["padded"]:
+        history = result["history"]
+        # one step more per epoch than one process: 7 instead of 6, 11 instead of 10
+        assert len(history.step_loss) == len(exact.step_loss) + config.epochs
+        assert max_parameter_difference(history.parameters, exact.parameters) > 1e-2
+        assert_same(emulated, history.parameters)
+
+
+def test_global_batch_larger_than_the_data_is_refused(hard_runs):
+    for result in hard_runs["batch too big"]:
+        assert result["error"] == (
+            "The global batch of 60 is larger than the 41 samples, so not even one "
+            "full batch fits. Use a global batch of at most 41."
+        )
+
+
+def test_unused_parameter_without_find_unused_parameters_is_refused(hard_runs):
+    for result in hard_runs["no find_unused"]:
+        assert "parameters that were not used in producing loss" in result["error"]
+        assert "find_unused_parameters=True" in result["error"]

@@ -4,17 +4,25 @@ from ranks that start with different weights; its fusion buffers are sent during
 backward; and its mistakes are explained. The launches are in conftest.py.
 """
 
+import functools
 import re
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from multigpu import horovod_api as hvd
+from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.allreduce_sgd import world_losses
 from multigpu.core.compare import max_parameter_difference
+from multigpu.core.train import TrainConfig
 from multigpu.core.units import MiB
+from multigpu.ranks.horovod_api import train_horovod_style_rank as train
+from multigpu.runtime.launch import in_one_launch, spawn
+from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
 from tests.horovod_api.problems import TINY_MB
+from tests.ranks import horovod_from_own_seed_rank
 
 
 @pytest.mark.parametrize("label", ["one fusion", "many fusions"])
@@ -127,3 +135,62 @@ def test_bad_arguments_say_how_to_fix_them(one_rank):
         hvd.broadcast_parameters(model.state_dict(), root_rank=1)
     with pytest.raises(ValueError, match="Unknown op"):
         hvd.allreduce(torch.ones(2), op=dist.ReduceOp.SUM)
+
+
+# The hard cases (tests/hard_cases.py): a tied weight, a frozen parameter, a
+# parameter unused in forward, a buffer, fewer parameters than ranks, 41 samples,
+# float32 and float64, on 2, 3 and 4 ranks; ranks that start from noise added to
+# their weights, or that build the model from seed + rank: broadcast_parameters
+# gives them rank 0's.
+HARD_CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.2, momentum=0.5, seed=3)
+HARD_ACCUMULATED = replace(HARD_CONFIG, batch_size=24)  # an even share on 2-4 ranks
+HARD_MODELS = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
+TOLERANCE = {torch.float64: 1e-14, torch.float32: 1e-6}  # measured 5.6e-17, 6.0e-8
+HARD_RUNS = {
+    "noise, one fusion": lambda build, d, X, y: (train, (build(d), X, y, HARD_CONFIG)),
+    "noise, per gradient": lambda build, d, X, y: (
+        train,
+        (build(d), X, y, HARD_CONFIG, 1, 0.0),
+    ),
+    "accumulated": lambda build, d, X, y: (
+        train,
+        (build(d), X, y, HARD_ACCUMULATED, 2),
+    ),
+    "seed + rank": lambda build, d, X, y: (
+        horovod_from_own_seed_rank,
+        (functools.partial(build, d), 0, X, y, HARD_CONFIG),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
+def hard_runs(request):
+    """{(model, dtype, run): Histories by rank}, every case in one launch."""
+    cases = [(n, d, r) for n in HARD_MODELS for d in DTYPES for r in HARD_RUNS]
+    calls = [
+        HARD_RUNS[r](HARD_MODELS[n], d, *hard_case_data(dtype=d)) for n, d, r in cases
+    ]
+    per_rank = spawn(in_one_launch, request.param, calls, timeout=60.0)
+    return {case: [by_rank[i] for by_rank in per_rank] for i, case in enumerate(cases)}
+
+
+@pytest.mark.parametrize("run", list(HARD_RUNS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(HARD_MODELS))
+def test_hard_cases_equal_one_process(hard_runs, name, dtype, run):
+    model = HARD_MODELS[name](dtype)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    config = HARD_ACCUMULATED if run == "accumulated" else HARD_CONFIG
+    reference = single_process(model, *hard_case_data(dtype=dtype), config)
+    assert max_parameter_difference(reference.parameters, start) > 1e-2  # it trains
+    results = hard_runs[(name, dtype, run)]
+    for result in results:
+        difference = max_parameter_difference(result.parameters, reference.parameters)
+        assert difference < TOLERANCE[dtype], difference
+        for key, tensor in results[0].parameters.items():  # ranks identical
+            assert torch.equal(result.parameters[key], tensor), key
+        if name == "HardCaseNet":  # frozen and unused stay, tied stays tied
+            for key in ("frozen.weight", "frozen.bias", "unused.weight", "scale"):
+                assert torch.equal(result.parameters[key], start[key]), key
+            tied = result.parameters["encode.weight"]
+            assert torch.equal(tied, result.parameters["decode.weight"])

@@ -1,20 +1,27 @@
 """The ladder's wrappers, trained by multigpu.miniddp.train_with_strategy, train
-exactly like PyTorch's DDP and like one process on the global batch.
+exactly like PyTorch's DDP and like one process on the global batch: on ConvNet and
+on the hard cases (tests/hard_cases.py), in float64 and float32, on 2-4 ranks.
 
 Each world size starts its ranks once and runs every training check in that launch;
-models and data are float64, so "equal" means equal to ~1e-15.
+in float64 "equal" means equal to ~1e-15.
 """
 
 import copy
+import functools
 
 import pytest
+import torch
 
 from multigpu import miniddp
 from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.core.compare import max_parameter_difference
+from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig
+from multigpu.miniddp import global_batch_shares
 from multigpu.ranks import miniddp as miniddp_ranks
 from multigpu.runtime.launch import in_one_launch, spawn
+from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.ranks import miniddp_from_own_seed_rank
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
 CONFIG = TrainConfig(epochs=2, batch_size=16, lr=0.2, momentum=0.5, seed=3)
@@ -89,3 +96,147 @@ def test_fp16_compression_hook_is_close_but_not_equal(problem):
     plain, compressed = spawn(in_one_launch, 2, calls, timeout=TIMEOUT)[0]
     difference = max_parameter_difference(plain.parameters, compressed.parameters)
     assert 0 < difference < 1e-2
+
+
+# ----------------------------------------------------------------------------------
+# The hard cases (tests/hard_cases.py): a tied weight, a frozen and an unused
+# parameter, a buffer, fewer parameters than ranks, 41 samples, global batches no
+# world size divides (uneven shares; an empty one for 3 samples on 4 ranks), float32
+# and float64, every rank building its model from its own seed.
+
+HARD_CONFIGS = {
+    "batch5": TrainConfig(epochs=2, batch_size=5, lr=0.2, momentum=0.5, seed=3),
+    "batch3": TrainConfig(epochs=2, batch_size=3, lr=0.2, momentum=0.5, seed=4),
+}
+HARD_SEED = 7
+# float64 differs from one process by rounding only; float32 by float32 rounding
+# over up to 26 steps (measured: 8.9e-8).
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
+HARD_CASES = [
+    # (model, options for every strategy, the strategies, accumulation)
+    ("HardCaseNet", {"find_unused_parameters": True}, miniddp.STRATEGIES, 1),
+    ("HardCaseNet", {"find_unused_parameters": True}, miniddp.STRATEGIES, 2),
+    (
+        "HardCaseNet",
+        {"find_unused_parameters": True, "bucket_cap_mb": 0.0002},
+        ("bucketed", "torch"),
+        1,
+    ),
+    ("TinyNet", {}, miniddp.STRATEGIES, 1),
+]
+BUILD = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
+
+
+def hard_case_calls():
+    """Every hard case in both dtypes and both configs: (key, rank call)."""
+    calls = []
+    for dtype in DTYPES:
+        X, y = hard_case_data(dtype=dtype)
+        for name, config in HARD_CONFIGS.items():
+            for case, (model, options, strategies, accumulation) in enumerate(
+                HARD_CASES
+            ):
+                build = functools.partial(BUILD[model], dtype)
+                args = (build, HARD_SEED, X, y, config, strategies, options)
+                calls.append(
+                    (
+                        (dtype, name, case),
+                        (miniddp_from_own_seed_rank, (*args, accumulation)),
+                    )
+                )
+    return calls
+
+
+@pytest.fixture(scope="module")
+def hard_runs():
+    """{world_size: {(dtype, config name, case): per-rank {strategy: History}}},
+    one launch per world size."""
+    runs = {}
+    calls = hard_case_calls()
+    for world_size in (2, 3, 4):
+        per_rank = spawn(
+            in_one_launch, world_size, [call for _, call in calls], timeout=120.0
+        )
+        runs[world_size] = {
+            key: [results[i] for results in per_rank]
+            for i, (key, _) in enumerate(calls)
+        }
+    return runs
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4], ids=lambda n: f"world{n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_wrapper_equals_one_process_on_the_hard_cases(
+    hard_runs, world_size, dtype
+):
+    for (run_dtype, config_name, case), per_rank in hard_runs[world_size].items():
+        if run_dtype != dtype:
+            continue
+        model_name, _, strategies, _ = HARD_CASES[case]
+        build = BUILD[model_name]
+        X, y = hard_case_data(dtype=dtype)
+        config = HARD_CONFIGS[config_name]
+        reference = single_process(build(dtype, HARD_SEED), X, y, config)
+        initial = build(dtype, HARD_SEED).state_dict()
+        for strategy in strategies:
+            where = f"{strategy}, {model_name}, case {case}, {config_name}"
+            ours = per_rank[0][strategy]
+            difference = max_parameter_difference(ours.parameters, reference.parameters)
+            assert difference < TOLERANCE[dtype], where
+            assert len(ours.step_loss) == len(reference.step_loss), where
+            for other in per_rank[1:]:  # rank 0's start; every rank the same end
+                assert other[strategy].parameters.keys() == ours.parameters.keys()
+                assert (
+                    max_parameter_difference(
+                        other[strategy].parameters, ours.parameters
+                    )
+                    == 0
+                ), where
+            # The mean of the ranks' shares of the loss is the global batch's.
+            losses = [
+                sum(losses) / world_size
+                for losses in zip(*(r[strategy].step_loss for r in per_rank))
+            ]
+            assert (
+                max(abs(a - b) for a, b in zip(losses, reference.step_loss))
+                < 1e3 * TOLERANCE[dtype]
+            ), where
+            if model_name == "HardCaseNet":  # frozen and unused: rank 0's, untrained
+                for name in ("frozen.weight", "frozen.bias", "unused.weight"):
+                    assert torch.equal(ours.parameters[name], initial[name]), where
+                assert torch.equal(
+                    ours.parameters["encode.weight"], ours.parameters["decode.weight"]
+                ), where
+
+
+def test_global_batch_shares_split_the_single_process_batches():
+    config = TrainConfig(epochs=2, batch_size=3, seed=5)
+    single, steps = global_batch_shares(41, config)
+    assert steps == 13 and len(single) == 26
+    for world_size in (2, 3, 4):
+        shares = [
+            global_batch_shares(41, config, world_size, rank)[0]
+            for rank in range(world_size)
+        ]
+        for step, batch in enumerate(single):
+            parts = [shares[rank][step] for rank in range(world_size)]
+            assert sorted(torch.cat(parts).tolist()) == sorted(batch.tolist())
+            assert [len(p) for p in parts] == [
+                len(range(rank, 3, world_size)) for rank in range(world_size)
+            ]
+    assert [len(s) for s in global_batch_shares(41, config, 4, 3)[0]] == [0] * 26
+    even = TrainConfig(epochs=2, batch_size=8, seed=5)
+    for rank in range(4):  # where the world divides the batch: run_batches' indices
+        ours, steps = global_batch_shares(41, even, 4, rank)
+        theirs, their_steps = run_batches(41, even, 4, rank)
+        assert steps == their_steps
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_global_batch_shares_refuse_a_batch_larger_than_the_data():
+    with pytest.raises(ValueError) as error:
+        global_batch_shares(4, TrainConfig(batch_size=5))
+    assert str(error.value) == (
+        "The global batch of 5 is larger than the 4 samples, so not even one full "
+        "batch fits. Use a global batch of at most 4."
+    )

@@ -1,4 +1,5 @@
-"""Tests for multigpu.zero.zero3: ZeRO-3 by hand (its training: test_loop.py)."""
+"""Tests for multigpu.zero.zero3: ZeRO-3 by hand (its training: test_loop.py and,
+on the hard cases with what it refuses, test_hard_cases.py)."""
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ def test_zero3_refuses_a_layer_it_cannot_shard():
         zero.shard_model(model, zero.Meter())
     assert str(error.value) == (
         "Layer 1 (LayerNorm) has parameters that ZeRO-3 by hand cannot shard: it "
-        "shards nn.Linear layers with a bias only. Build the model from nn.Linear "
-        "layers and activations, e.g. with make_mlp()."
+        "shards nn.Linear layers only. Build the model from nn.Linear layers, "
+        "activations and buffers, e.g. with make_mlp(), or train it with DDP, ZeRO-1 "
+        "or ZeRO-2."
     )

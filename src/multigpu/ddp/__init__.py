@@ -12,7 +12,8 @@ Started with plain ``python`` it stops with an error that says to use torchrun.
 Notebook 08's recipe with the library doing the work, one file per part:
 
 - ``wrapper``: :func:`wrap`, DDP broadcasts rank 0's weights, averages gradients;
-- ``loader``: a seeded ``DistributedSampler`` (:func:`distributed_loader`);
+- ``loader``: a seeded ``DistributedSampler`` that drops, not pads, the tail of
+  an epoch, so DDP steps like one process (:func:`distributed_loader`);
 - ``evaluation``: every sample exactly once (:func:`evaluate_distributed`), unlike
   the padded sampler's biased sum (:func:`evaluate_padded`);
 - ``accumulation``: :func:`scaled_lr`, :func:`accumulate` (``no_sync``, AMP);

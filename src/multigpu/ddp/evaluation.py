@@ -50,11 +50,13 @@ def evaluate_padded(
     y: torch.Tensor,
     divide_by: str = "dataset",
     batch_size: int = 512,
-) -> float:
-    """The common, biased accuracy: each rank counts its correct predictions over a
-    ``DistributedSampler`` (which pads with repeated samples), the counts are summed,
-    and the sum is divided by ``len(dataset)`` or by the sampler's ``total_size``.
-    Shown in notebook 09 to be wrong; use :func:`evaluate_distributed` (09)."""
+) -> tuple[float, float]:
+    """The common, biased mean cross-entropy and accuracy: each rank sums its losses
+    and counts its correct predictions over a ``DistributedSampler`` (which pads
+    with repeated samples), the sums are summed over the ranks, and each is divided
+    by ``len(dataset)`` or by the sampler's ``total_size``. Returns (loss, accuracy),
+    as :func:`evaluate_distributed` does. Shown in notebook 09 to be wrong; use
+    :func:`evaluate_distributed` (09)."""
     check_choice("divide_by", divide_by, ("dataset", "total_size"))
     sampler = DistributedSampler(
         range(len(y)),
@@ -63,6 +65,6 @@ def evaluate_padded(
         shuffle=False,
     )
     shard = torch.tensor(list(sampler), dtype=torch.long)
-    correct = reduce_value(_sums(model, X[shard], y[shard], batch_size)[1], False)
+    sums = reduce_value(_sums(model, X[shard], y[shard], batch_size), average=False)
     denominator = len(y) if divide_by == "dataset" else sampler.total_size
-    return correct.item() / denominator
+    return sums[0].item() / denominator, sums[1].item() / denominator

@@ -19,18 +19,29 @@ def distributed_loader(
     seed: int = 0,
     shuffle: bool = True,
     drop_last: bool = True,
+    padded_sampler: bool = False,
 ) -> DataLoader:
     """This rank's loader: a ``DistributedSampler`` and ``global_batch / world_size``
     samples per batch (09).
 
     The sampler shuffles (with ``seed + epoch``: call ``loader.sampler.set_epoch``
     every epoch) and deals every ``world_size``-th index to this rank, so the loader
-    itself gets ``shuffle=False``. ``drop_last=True`` drops each rank's last partial
-    batch, so every step has the full global batch, as in 08.
+    itself gets ``shuffle=False``. The sampler gets ``drop_last=True``: it drops the
+    epoch's last ``N % world_size`` indices instead of padding with repeats, and
+    the loader's ``drop_last=True`` drops each rank's last partial batch. So every
+    step is a full global batch of distinct samples, an epoch has one process's
+    ``N // global_batch`` steps, and the batches are 08's. ``padded_sampler=True``
+    keeps the sampler's default padding (``ceil(N / world_size)`` indices per rank),
+    which can add a step of repeated samples per epoch: shown in 09, not exact.
     """
     per_rank = per_rank_batch_size(global_batch, world_size)
     sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
+        dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=not padded_sampler,
     )
     return DataLoader(
         dataset,

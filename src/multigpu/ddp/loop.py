@@ -46,13 +46,18 @@ def train_ddp_loop(
     progress: bool = True,
     log: Callable[[str], None] | None = print,
     wrap_options: Mapping[str, Any] | None = None,
+    padded_sampler: bool = False,
 ) -> History:
     """Train ``model`` with DDP in a running process group; this rank's History (09).
 
     X (N, ...), y (N,): the whole training set, which every rank holds; the
     ``DistributedSampler`` picks this rank's samples. ``config.batch_size`` is the
     global batch of one optimizer step, split over the ranks and then into
-    ``accumulation`` micro-batches. ``History.step_loss`` holds this rank's losses,
+    ``accumulation`` micro-batches. Every step is a full global batch of distinct
+    samples, ``N // batch_size`` steps per epoch: one process's steps on 08's
+    batches (:func:`distributed_loader`); ``padded_sampler=True`` trains on the
+    sampler's padded default instead (09 shows why that is not one process).
+    ``History.step_loss`` holds this rank's losses,
     ``train_loss`` the epoch means averaged over the ranks, ``test_*`` come from
     :func:`evaluate_distributed`. ``checkpoint``: a file rank 0 writes after every
     epoch; ``resume_from_checkpoint``: start from it if it exists.
@@ -70,13 +75,24 @@ def train_ddp_loop(
             f"world_size x accumulation = {world_size * accumulation}."
         )
     main = rank == 0
+    loader = distributed_loader(
+        TensorDataset(X, y),
+        config.batch_size,
+        rank,
+        world_size,
+        config.seed,
+        padded_sampler=padded_sampler,
+    )
+    if len(loader) == 0:
+        raise ValueError(
+            f"The global batch of {config.batch_size} is larger than the {len(X)} "
+            "samples, so not even one full batch fits. Use a global batch of at "
+            f"most {len(X)}."
+        )
     model = wrap(copy.deepcopy(model), device, **dict(wrap_options or {}))
     lr = scaled_lr(config.lr, world_size, lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum)
     scaler = torch.amp.GradScaler("cuda") if amp and device.type == "cuda" else None
-    loader = distributed_loader(
-        TensorDataset(X, y), config.batch_size, rank, world_size, config.seed
-    )
     start_epoch = 0
     if checkpoint is not None and resume_from_checkpoint:
         start_epoch = resume(checkpoint, model, optimizer, device)

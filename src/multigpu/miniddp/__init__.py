@@ -16,9 +16,11 @@ backward goes on with the layers below. Three wrappers climb to that design:
 :class:`MiniDDP` (``wrappers.py``) is what the three share. :func:`make_ddp`
 (``ladder.py``) wraps a model by a step's name, :func:`train_with_strategy`
 (``loop.py``) trains with it, and with ``record=True`` a wrapper keeps a timeline
-of the last step (:class:`TimelineEvent`, ``timeline.py``). The rank functions are
-in :mod:`multigpu.ranks.miniddp`, the exercise's checker in
-:mod:`multigpu.exercises.miniddp`.
+of the last step (:class:`TimelineEvent`, ``timeline.py``). A :class:`BucketedDDP`'s
+buckets are in its ``.buckets`` (:func:`bucket_layout` gives their names); PyTorch's
+DDP shows its own only to a communication hook, which :func:`record_torch_buckets`
+registers to log them. The rank functions are in :mod:`multigpu.ranks.miniddp`,
+the exercise's checker in :mod:`multigpu.exercises.miniddp`.
 """
 
 from multigpu.miniddp.buckets import (
@@ -29,7 +31,7 @@ from multigpu.miniddp.buckets import (
     record_torch_buckets,
 )
 from multigpu.miniddp.ladder import STRATEGIES, make_ddp
-from multigpu.miniddp.loop import train_with_strategy
+from multigpu.miniddp.loop import global_batch_shares, train_with_strategy
 from multigpu.miniddp.models import BranchNet
 from multigpu.miniddp.timeline import TimelineEvent, hidden_fraction
 from multigpu.miniddp.wrappers import (
@@ -38,6 +40,7 @@ from multigpu.miniddp.wrappers import (
     MiniDDP,
     UnusedParameterError,
     broadcast_from_rank0,
+    check_one_dtype,
     used_parameters,
 )
 
@@ -54,6 +57,8 @@ __all__ = [
     "assign_buckets",
     "broadcast_from_rank0",
     "bucket_layout",
+    "check_one_dtype",
+    "global_batch_shares",
     "hidden_fraction",
     "make_ddp",
     "record_torch_buckets",

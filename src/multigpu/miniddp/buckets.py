@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from multigpu.core.checks import check_number
 from multigpu.core.units import MiB
-from multigpu.miniddp.wrappers import MiniDDP
+from multigpu.miniddp.wrappers import MiniDDP, check_one_dtype
 
 
 @dataclass
@@ -70,6 +70,11 @@ class BucketedDDP(MiniDDP):
     The first step's buckets follow reverse registration order. Like DDP, the
     buckets are then rebuilt once, after the first backward, in the order in which
     the gradients really arrived (``rebuild_buckets=False`` keeps the first ones).
+    With ``find_unused_parameters=True`` they are never rebuilt, as in DDP, whose
+    reducer rebuilds only when ``(static_graph_ || !find_unused_parameters_)``
+    (``should_rebuild_buckets`` in reducer.hpp): the order gradients arrive in may
+    change from step to step. The buckets are then DDP's first ones: filled in
+    registration order, sent last bucket first.
     """
 
     def __init__(
@@ -87,21 +92,31 @@ class BucketedDDP(MiniDDP):
                 "first_bucket_mb", first_bucket_mb, "Pass e.g. first_bucket_mb=1."
             )
         super().__init__(module, find_unused_parameters, record)
+        check_one_dtype(type(self).__name__, self.named_params)
         self.bucket_cap_mb = bucket_cap_mb
         self.first_bucket_mb = first_bucket_mb
-        self._rebuild_pending = rebuild_buckets
+        # DDP's rule: rebuild once, and never while searching for unused parameters.
+        self._rebuild_pending = rebuild_buckets and not find_unused_parameters
         self._arrival: list[nn.Parameter] = []  # this backward's order of gradients
-        # Backward produces gradients from the last layer to the first, so the
-        # first buckets are filled in reverse registration order.
-        self._build_buckets([p for _, p in reversed(self.named_params)])
+        params = [p for _, p in self.named_params]
+        if find_unused_parameters:  # DDP's buckets for good: filled first to last
+            self._build_buckets(params, in_registration_order=True)
+        else:  # backward produces gradients from the last layer to the first
+            self._build_buckets(params[::-1])
 
-    def _build_buckets(self, order: list[nn.Parameter]) -> None:
+    def _build_buckets(
+        self, order: list[nn.Parameter], in_registration_order: bool = False
+    ) -> None:
         names = {id(p): name for name, p in self.named_params}
         sizes = [p.numel() * p.element_size() for p in order]
+        first_mb = self.first_bucket_mb
+        if in_registration_order and (first_mb or 0) >= self.bucket_cap_mb:
+            first_mb = None  # DDP's first buckets take a first limit only if smaller
+        groups = assign_buckets(sizes, self.bucket_cap_mb, first_mb)
+        if in_registration_order:
+            groups = groups[::-1]  # filled first to last, sent last first
         self.buckets: list[Bucket] = []
-        for index, members in enumerate(
-            assign_buckets(sizes, self.bucket_cap_mb, self.first_bucket_mb)
-        ):
+        for index, members in enumerate(groups):
             params = [order[i] for i in members]
             offsets, total = [], 0
             for p in params:
@@ -152,18 +167,37 @@ class BucketedDDP(MiniDDP):
 
 
 def bucket_layout(model: nn.Module) -> list[list[str]]:
-    """The parameter names in each bucket of a :class:`BucketedDDP` (10)."""
+    """The parameter names in each bucket of a :class:`BucketedDDP`, in the order
+    the buckets are sent: the buckets its next step will use (10). PyTorch's DDP
+    shows its buckets only to a hook: see :func:`record_torch_buckets`."""
+    if not isinstance(model, BucketedDDP):
+        raise TypeError(
+            f"bucket_layout reads a BucketedDDP's buckets, got {type(model).__name__}."
+            " For PyTorch's DDP call record_torch_buckets(model) before training."
+        )
     return [list(bucket.names) for bucket in model.buckets]
 
 
 def record_torch_buckets(model: DDP) -> list[list[list[str]]]:
-    """Make ``model`` (PyTorch's DDP) log the parameter names of every bucket it
-    all-reduces, through a communication hook that then all-reduces as DDP's default
-    does. Returns the log: one list of buckets per step, filled as steps run (10)."""
+    """PyTorch's DDP's bucket layout, which it shows only to a communication hook:
+    the counterpart of :func:`bucket_layout` (10).
+
+    Registers a hook on ``model`` (a ``DistributedDataParallel``) that logs the
+    parameter names of every bucket, then all-reduces it as DDP's default does, so
+    training is unchanged. Returns the log, filled as steps run: one list per step
+    that synchronized (a ``no_sync`` backward logs nothing) of the buckets in the
+    order they were sent, each with its parameters in DDP's order. Call it before
+    the first step; DDP takes one hook only, so not with another hook.
+    """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
         allreduce_hook,
     )
 
+    if not isinstance(model, DDP):
+        raise TypeError(
+            "record_torch_buckets needs PyTorch's DistributedDataParallel, got "
+            f"{type(model).__name__}. For a BucketedDDP read bucket_layout(model)."
+        )
     names = {id(p): name for name, p in model.module.named_parameters()}
     log: list[list[list[str]]] = []
 

@@ -9,9 +9,37 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu.core.sharding import epoch_means, run_batches
+from multigpu.core.data import epoch_order
+from multigpu.core.sharding import epoch_means
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.miniddp.ladder import make_ddp
+
+
+def global_batch_shares(
+    num_samples: int, config: TrainConfig, world_size: int = 1, rank: int = 0
+) -> tuple[list[torch.Tensor], int]:
+    """This rank's share of every full global batch of ``config.batch_size`` in
+    ``config.epochs`` epochs, and the number of steps per epoch (10).
+
+    Global batch k of an epoch is ``order[k*G : (k+1)*G]`` (the single process's),
+    and rank r takes every R-th sample of it from the r-th on: the indices of
+    :func:`~multigpu.core.sharding.run_batches` where R divides G; otherwise shares
+    that differ by one sample, and empty ones when G < R. The last ``N % G``
+    samples of each epoch are not used, as in one process."""
+    steps_per_epoch = num_samples // config.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"The global batch of {config.batch_size} is larger than the "
+            f"{num_samples} samples, so not even one full batch fits. Use a global "
+            f"batch of at most {num_samples}."
+        )
+    G = config.batch_size
+    shares = []
+    for epoch in range(config.epochs):
+        order = epoch_order(num_samples, config.seed, epoch)
+        for k in range(steps_per_epoch):
+            shares.append(order[k * G : (k + 1) * G][rank::world_size])
+    return shares, steps_per_epoch
 
 
 def train_with_strategy(
@@ -29,7 +57,13 @@ def train_with_strategy(
     ``accumulation=k`` each rank's batch is split into k micro-batches, the first
     k - 1 inside ``no_sync()``. ``fp16_compress=True`` (PyTorch's DDP only) sends
     the gradients as float16 through DDP's ``fp16_compress_hook``. The rank and
-    the world size are the process group's (10)."""
+    the world size are the process group's (10).
+
+    The world size need not divide the global batch: ranks take shares of it that
+    differ in size (:func:`global_batch_shares`), some maybe empty, and each rank's
+    loss is the sum over its samples times R / G, so that the mean of the ranks'
+    gradients is still the global batch's. ``step_loss`` holds that share of each
+    step's loss, whose mean over the ranks is the global batch's mean loss."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     wrapped = make_ddp(copy.deepcopy(model), strategy, **(options or {}))
     if fp16_compress:
@@ -47,18 +81,20 @@ def train_with_strategy(
         wrapped.parameters(), lr=config.lr, momentum=config.momentum
     )
     history = History(rank=rank, world_size=world_size)
-    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
+    batches, steps_per_epoch = global_batch_shares(len(X), config, world_size, rank)
+    share = world_size / config.batch_size  # R / G
     for indices in batches:
         optimizer.zero_grad()
-        chunks = indices.chunk(accumulation)
+        chunks = indices.tensor_split(accumulation)  # always k, maybe empty
         loss_sum = 0.0
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
             context = contextlib.nullcontext() if last else wrapped.no_sync()
             with context:
-                loss = nn.functional.cross_entropy(wrapped(X[chunk]), y[chunk])
-                (loss / len(chunks)).backward()
-            loss_sum += loss.item() / len(chunks)
+                output = wrapped(X[chunk])
+                loss = nn.functional.cross_entropy(output, y[chunk], reduction="sum")
+                (loss * share).backward()
+            loss_sum += loss.item() * share
         optimizer.step()
         history.step_loss.append(loss_sum)
     history.train_loss = epoch_means(history.step_loss, steps_per_epoch)

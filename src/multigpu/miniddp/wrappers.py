@@ -104,6 +104,12 @@ class MiniDDP(nn.Module):
         self.named_params = [
             (name, p) for name, p in module.named_parameters() if p.requires_grad
         ]
+        if not self.named_params:
+            raise ValueError(
+                f"{type(self).__name__} got a model with no parameter that requires "
+                "a gradient, so there is nothing to all-reduce. Wrap a model with "
+                "trainable parameters, or train this one without a wrapper."
+            )
         self.events: list[TimelineEvent] = []
         self._sync_this_backward = False  # decided in forward, as DDP does
         self._callback_queued = False
@@ -246,9 +252,36 @@ class AfterBackwardDDP(MiniDDP):
             self._timed_all_reduce(p.grad, name).wait()
 
 
+def check_one_dtype(wrapper: str, named_params: list[tuple[str, nn.Parameter]]) -> None:
+    """Refuse parameters of several dtypes: a wrapper that packs gradients into one
+    buffer would round some of them to another dtype (10)."""
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name, p in named_params:
+        by_dtype.setdefault(p.dtype, []).append(name)
+    if len(by_dtype) > 1:
+        found = "; ".join(
+            f"{str(dtype).removeprefix('torch.')}: {', '.join(names)}"
+            for dtype, names in by_dtype.items()
+        )
+        raise TypeError(
+            f"{wrapper} packs gradients into buffers of one dtype, but this model's "
+            f"parameters have {len(by_dtype)} dtypes ({found}). Convert the model "
+            "to one dtype (model.double() or model.float()), or use AfterBackwardDDP."
+        )
+
+
 class FlatDDP(MiniDDP):
     """Step 2: after backward, every gradient in one flat buffer, one all-reduce,
-    no overlap (10)."""
+    no overlap (10). Its parameters must share one dtype."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        find_unused_parameters: bool = False,
+        record: bool = False,
+    ) -> None:
+        super().__init__(module, find_unused_parameters, record)
+        check_one_dtype(type(self).__name__, self.named_params)
 
     def synchronize(self) -> None:
         grads = [

@@ -113,12 +113,12 @@ def broadcast_at_construction_rank(rank: int, world_size: int, seed: int = 0) ->
 
 def evaluation_rank(
     rank: int, world_size: int, model: nn.Module, X: torch.Tensor, y: torch.Tensor
-) -> dict[str, float]:
-    """Accuracy of ``model`` on X, y three ways: every sample once, and the padded
-    sampler's sum divided by the dataset length and by ``total_size`` (09)."""
-    _, exact = evaluate_distributed(model, X, y)
+) -> dict[str, tuple[float, float]]:
+    """(mean loss, accuracy) of ``model`` on X, y three ways: every sample once, and
+    the padded sampler's sums divided by the dataset length and by ``total_size``
+    (09)."""
     return {
-        "every sample once": exact,
+        "every sample once": evaluate_distributed(model, X, y),
         "padded / len(dataset)": evaluate_padded(model, X, y, "dataset"),
         "padded / total_size": evaluate_padded(model, X, y, "total_size"),
     }

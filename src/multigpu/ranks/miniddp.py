@@ -105,16 +105,28 @@ def unused_rank(
 
 
 def layouts_rank(
-    rank: int, world_size: int, model: nn.Module, bucket_cap_mb: float, steps: int = 3
+    rank: int,
+    world_size: int,
+    model: nn.Module,
+    bucket_cap_mb: float,
+    steps: int = 3,
+    find_unused_parameters: bool = False,
+    X: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The bucket layouts of :class:`~multigpu.miniddp.BucketedDDP` and of PyTorch's
-    DDP (as its hook saw them) at each of ``steps`` steps on random data, with the
-    same ``bucket_cap_mb`` (10)."""
+    DDP (as :func:`~multigpu.miniddp.record_torch_buckets` saw them) at each of
+    ``steps`` steps, with the same ``bucket_cap_mb`` and ``find_unused_parameters``,
+    on ``X`` (default: random 8x8 images, a different batch on each rank) (10)."""
     torch.manual_seed(rank)
-    ours = BucketedDDP(copy.deepcopy(model), bucket_cap_mb=bucket_cap_mb)
-    theirs = DDP(copy.deepcopy(model), bucket_cap_mb=bucket_cap_mb)
+    options = {
+        "bucket_cap_mb": bucket_cap_mb,
+        "find_unused_parameters": find_unused_parameters,
+    }
+    ours = BucketedDDP(copy.deepcopy(model), **options)
+    theirs = DDP(copy.deepcopy(model), **options)
     log = record_torch_buckets(theirs)
-    X = torch.randn(4, 1, 8, 8, dtype=next(model.parameters()).dtype)
+    if X is None:
+        X = torch.randn(4, 1, 8, 8, dtype=next(model.parameters()).dtype)
     layouts = []
     for _ in range(steps):
         layouts.append(bucket_layout(ours))  # the buckets this step will use

@@ -2,8 +2,8 @@
 
 Each stage of :mod:`multigpu.zero` on a rank (:func:`stages_rank`), PyTorch's DDP
 with Adam (:func:`ddp_rank`), FSDP2 training and loading (:func:`fsdp2_rank`,
-:func:`fsdp2_load_rank`), and 07's reduce-scatter and all-gather checked against
-PyTorch's (:func:`collectives_rank`).
+:func:`fsdp2_runs_rank`, :func:`fsdp2_load_rank`), and 07's reduce-scatter and
+all-gather checked against PyTorch's (:func:`collectives_rank`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
 from multigpu.runtime.launch import spawn
 from multigpu.zero import (
+    Batch,
     ShardedHistory,
     ShardedStep,
     check_checkpoint_dir,
@@ -39,12 +40,19 @@ from multigpu.zero import (
 def stages_rank(
     rank: int,
     world_size: int,
-    runs: Sequence[tuple[str, nn.Module, torch.Tensor, torch.Tensor, TrainConfig]],
+    runs: Sequence[tuple],
     step: ShardedStep | None = None,
 ) -> list[ShardedHistory]:
     """Rank function: :func:`~multigpu.zero.train_stage` for each (stage, model, X,
-    y, config) of ``runs``, in order, in one launch (13)."""
-    return [train_stage(*run, step=step) for run in runs]
+    y, config) of ``runs``, in order, in one launch (13). ``model`` may be a list,
+    every rank's own model, by rank (rank 0's is broadcast); a run may add a sixth
+    item, every rank's ``batches``, by rank: this rank trains on its own."""
+    histories = []
+    for stage, model, X, y, config, *by_rank in runs:
+        model = model[rank] if isinstance(model, list) else model
+        batches = by_rank[0][rank] if by_rank else None
+        histories.append(train_stage(stage, model, X, y, config, step, batches))
+    return histories
 
 
 def compare_stages(
@@ -55,13 +63,21 @@ def compare_stages(
     world_size: int,
     stages: Sequence[str] = ZERO_STAGES,
     timeout: float = 60.0,
+    batches: Sequence[Sequence[Batch]] | None = None,
 ) -> dict[str, list[ShardedHistory]]:
     """Train ``model`` with each of ``stages`` on ``world_size`` ranks, in one
-    launch: {stage: each rank's history, by rank} (13)."""
+    launch: {stage: each rank's history, by rank} (13). ``batches``: every rank's
+    batches (as :func:`~multigpu.zero.train_stage` takes them), by rank."""
     check_positive_int("world_size", world_size)
     for stage in stages:
         check_choice("stage", stage, ZERO_STAGES)
-    runs = [(stage, model, X, y, config) for stage in stages]
+    if batches is not None and len(batches) != world_size:
+        raise ValueError(
+            f"batches holds {len(batches)} ranks' batches for {world_size} ranks. "
+            "Pass one list of batches per rank, by rank."
+        )
+    extra = () if batches is None else (batches,)
+    runs = [(stage, model, X, y, config, *extra) for stage in stages]
     per_rank = spawn(stages_rank, world_size, runs, timeout=timeout)
     return {
         stage: [results[index] for results in per_rank]
@@ -127,6 +143,21 @@ def fsdp2_rank(
     history.parameters = full_parameters(model)
     history.shards = describe_shards(model)
     return history
+
+
+def fsdp2_runs_rank(
+    rank: int,
+    world_size: int,
+    runs: Sequence[tuple],
+) -> list[ShardedHistory]:
+    """Rank function: :func:`fsdp2_rank` for each (model, X, y, config) of ``runs``,
+    in order, in one launch; ``model`` may be a list, every rank's own model, by
+    rank (rank 0's is broadcast) (13)."""
+    histories = []
+    for model, X, y, config in runs:
+        model = model[rank] if isinstance(model, list) else model
+        histories.append(fsdp2_rank(rank, world_size, model, X, y, config))
+    return histories
 
 
 def train_fsdp2(

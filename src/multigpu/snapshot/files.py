@@ -24,7 +24,7 @@ SNAPSHOT_FILE = "snapshot.pt"  # the snapshot's name inside its folder
 
 class SnapshotMismatchError(CheckpointError):
     """A snapshot written by a run that does not fit this one: another number of
-    ranks, or another global batch (11)."""
+    ranks, sampler seed, number of samples or global batch (11)."""
 
 
 def save_snapshot(
@@ -34,13 +34,16 @@ def save_snapshot(
     position: Position,
     sampler: ResumableSampler,
     rank_state: Mapping[str, Any] | None = None,
+    *,
+    global_batch: int | None = None,
 ) -> None:
     """Every rank calls it; rank 0 writes the snapshot atomically (11).
 
     ``rank_state``: what only this rank knows (its losses of the epoch so far); it
     is gathered from every rank together with their random number generators, with
     one ``all_gather_object``, so this is a collective. No barrier follows: nobody
-    reads the file before the next start.
+    reads the file before the next start. ``global_batch`` (the samples of one
+    step, all ranks together) is recorded so that a resumed run can check it.
     """
     mine = {"rng": rng_state(), **dict(rank_state or {})}
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -59,6 +62,8 @@ def save_snapshot(
         sampler=sampler.state_dict(),
         ranks=ranks,
         world_size=world_size,
+        samples=len(sampler.dataset),
+        global_batch=global_batch,
     )
 
 
@@ -68,24 +73,32 @@ def load_snapshot(
     optimizer: torch.optim.Optimizer,
     sampler: ResumableSampler,
     device: torch.device | str = "cpu",
+    *,
+    global_batch: int | None = None,
 ) -> tuple[Position, dict[str, Any]]:
     """Every rank loads the snapshot (tensors to ``device`` with ``map_location``),
     puts back its own random number generators, and gets (where to go on, what it
     saved in ``rank_state``); ``(Position(), {})`` when there is no snapshot (11).
 
-    A snapshot from another number of ranks or another sampler seed raises
-    :class:`SnapshotMismatchError`: its sample order would not continue this run's.
+    A snapshot from another number of ranks, sampler seed, number of samples or
+    ``global_batch`` raises :class:`SnapshotMismatchError`: its sample order would
+    not continue this run's. A setting the snapshot or this call leaves out (None,
+    or a snapshot saved before it was recorded) is not compared.
     """
     if not Path(path).exists():
         return Position(), {}
     snapshot = load_checkpoint(path, model, optimizer, map_location=device)
-    saved = snapshot["sampler"]
-    here = sampler.state_dict()
-    for key, meaning in (("num_replicas", "ranks"), ("seed", "sampler seed")):
-        if saved[key] != here[key]:
+    saved, here = snapshot["sampler"], sampler.state_dict()
+    for meaning, before, now in (
+        ("ranks", saved["num_replicas"], here["num_replicas"]),
+        ("sampler seed", saved["seed"], here["seed"]),
+        ("number of samples", snapshot.get("samples"), len(sampler.dataset)),
+        ("global batch", snapshot.get("global_batch"), global_batch),
+    ):
+        if before is not None and now is not None and before != now:
             raise SnapshotMismatchError(
-                f"{Path(path).name} was written by a run with {saved[key]} as its "
-                f"{meaning}, and this run has {here[key]}, so its sample order would "
+                f"{Path(path).name} was written by a run with {before} as its "
+                f"{meaning}, and this run has {now}, so its sample order would "
                 f"not continue this one. Resume with the same {meaning}, or start "
                 "afresh in a new snapshot folder."
             )

@@ -32,6 +32,7 @@ from multigpu.zero.flat import (
     flatten_parameters,
     pop_flat_gradients,
     shard_of,
+    trainable_parameters,
     zero1_step,
     zero2_step,
 )
@@ -44,7 +45,9 @@ from multigpu.zero.fsdp2 import (
 )
 from multigpu.zero.ledger import layer_numels, measure_ledger, storage_bytes
 from multigpu.zero.loop import (
+    Batch,
     ShardedHistory,
+    check_same_step_counts,
     make_data,
     make_mlp,
     train_single_process_adam,
@@ -54,6 +57,7 @@ from multigpu.zero.zero3 import (
     AllGatherLinear,
     Meter,
     ShardedLinear,
+    check_shardable,
     gathered_state_dict,
     shard_model,
 )
@@ -61,11 +65,14 @@ from multigpu.zero.zero3 import (
 __all__ = [
     "STEPS",
     "AllGatherLinear",
+    "Batch",
     "Meter",
     "ShardedHistory",
     "ShardedLinear",
     "ShardedStep",
     "check_checkpoint_dir",
+    "check_same_step_counts",
+    "check_shardable",
     "ddp_flat_step",
     "describe_shards",
     "flatten_parameters",
@@ -83,6 +90,7 @@ __all__ = [
     "storage_bytes",
     "train_single_process_adam",
     "train_stage",
+    "trainable_parameters",
     "zero1_step",
     "zero2_step",
 ]

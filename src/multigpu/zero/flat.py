@@ -31,22 +31,53 @@ ShardedStep = Callable[
 ]
 
 
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """``model``'s parameters that train, each once (a tied weight once), in
+    ``model.parameters()`` order: what the flat buffer holds. A frozen parameter
+    (``requires_grad=False``) stays where it is, outside the buffer and the optimizer,
+    as FSDP2 leaves it (13)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError(
+            f"{type(model).__name__} has no parameter that requires a gradient, so "
+            "there is nothing to train. Unfreeze at least one parameter."
+        )
+    dtypes = sorted({str(p.dtype) for p in trainable})
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"{type(model).__name__} mixes parameter dtypes ({', '.join(dtypes)}); one "
+            "flat buffer holds one dtype. Convert the model first, e.g. model.double()."
+        )
+    return trainable
+
+
 def flatten_parameters(model: nn.Module) -> torch.Tensor:
-    """Move ``model``'s parameters into one flat buffer (P,) and return it: each
-    parameter becomes a view of its slice, so writing into the buffer changes the
-    model (13)."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """Move ``model``'s trainable parameters into one flat buffer (P,) and return it:
+    each becomes a view of its slice, so writing into the buffer changes the model.
+    Frozen parameters are left out (:func:`trainable_parameters`) (13)."""
+    parameters = trainable_parameters(model)
+    flat = torch.cat([p.detach().reshape(-1) for p in parameters])
     offset = 0
-    for p in model.parameters():
+    for p in parameters:
         p.data = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
     return flat
 
 
 def pop_flat_gradients(model: nn.Module) -> torch.Tensor:
-    """Take this rank's gradients out of ``model``: one new flat tensor (P,), in
-    parameter order; the parameters' own ``.grad`` are dropped (13)."""
-    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    """Take this rank's gradients out of ``model``: one new flat tensor (P,), in the
+    order of :func:`flatten_parameters`; the parameters' own ``.grad`` are dropped.
+    A parameter that got no gradient (unused in forward) counts as zeros: with Adam
+    and no weight decay its moments stay 0 and it does not move, exactly as in one
+    process if it never gets one (one used on some steps only would differ) (13)."""
+    flat = torch.cat(
+        [
+            p.grad.reshape(-1)
+            if p.grad is not None
+            else p.detach().new_zeros(p.numel())
+            for p in trainable_parameters(model)
+        ]
+    )
     model.zero_grad(set_to_none=True)
     return flat
 

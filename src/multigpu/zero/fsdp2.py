@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from multigpu.miniddp import broadcast_from_rank0
 
 
 def describe_shards(model: nn.Module) -> list[dict[str, Any]]:
@@ -55,9 +58,11 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def fully_shard_model(model: nn.Sequential) -> nn.Sequential:
-    """A copy of ``model`` with ``fully_shard`` on every Linear and on the whole
-    model, over an explicit CPU device mesh of all the ranks (13)."""
+def fully_shard_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model``, from rank 0's weights and buffers (broadcast, as DDP
+    does), with ``fully_shard`` on every Linear and on the whole model, over an
+    explicit CPU device mesh of all the ranks (13). A Linear holding a weight tied
+    to another layer is left to the whole model's unit, which shards it once."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -65,8 +70,11 @@ def fully_shard_model(model: nn.Sequential) -> nn.Sequential:
     # CUDA even though the process group is gloo.
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = copy.deepcopy(model)
-    for layer in model:
-        if isinstance(layer, nn.Linear):
+    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    for layer in model.modules():
+        tied = any(uses[id(p)] > 1 for p in layer.parameters())
+        if isinstance(layer, nn.Linear) and layer is not model and not tied:
             fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
     fully_shard(model, mesh=mesh)
     return model

@@ -31,9 +31,21 @@ from multigpu.core.checks import check_choice, check_positive_int
 from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
-from multigpu.zero.flat import STEPS, ShardedStep, flatten_parameters, shard_of
+from multigpu.miniddp import broadcast_from_rank0
+from multigpu.zero.flat import (
+    STEPS,
+    ShardedStep,
+    flatten_parameters,
+    shard_of,
+    trainable_parameters,
+)
 from multigpu.zero.ledger import measure_ledger
-from multigpu.zero.zero3 import Meter, gathered_state_dict, shard_model
+from multigpu.zero.zero3 import (
+    Meter,
+    check_shardable,
+    gathered_state_dict,
+    shard_model,
+)
 
 
 @dataclass
@@ -82,18 +94,55 @@ def make_data(
     return X, (X @ mixing).argmax(dim=1)
 
 
+Batch = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+"""One step's batch: sample indices into X and y, or an (inputs, labels) pair."""
+
+
+def _step_batches(
+    X: torch.Tensor | None,
+    y: torch.Tensor | None,
+    config: TrainConfig,
+    batches: Sequence[Batch] | None,
+    world_size: int = 1,
+    rank: int = 0,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """(inputs, labels) per step, and the steps per epoch: ``batches`` as given, or
+    notebook 08's (:func:`~multigpu.core.sharding.run_batches`)."""
+    if batches is None:
+        indices, steps_per_epoch = run_batches(len(X), config, world_size, rank)
+        return [(X[i], y[i]) for i in indices], steps_per_epoch
+    pairs = []
+    for number, batch in enumerate(batches):
+        if isinstance(batch, torch.Tensor) and X is not None and y is not None:
+            pairs.append((X[batch], y[batch]))
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            pairs.append((batch[0], batch[1]))
+        else:
+            raise TypeError(
+                f"Batch {number} is a {type(batch).__name__}: each batch must be a "
+                "tensor of sample indices into X and y, or an (inputs, labels) pair. "
+                "Pass e.g. batches=[torch.arange(8), ...] or [(X[:8], y[:8]), ...]."
+            )
+    return pairs, max(len(pairs), 1)
+
+
 def train_single_process_adam(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig
+    model: nn.Module,
+    X: torch.Tensor | None,
+    y: torch.Tensor | None,
+    config: TrainConfig,
+    batches: Sequence[Batch] | None = None,
 ) -> History:
     """The reference: Adam on the global batch in this process, notebook 08's
-    batches; ``model`` is not changed (13)."""
+    batches or the global ``batches`` given (as :func:`train_stage` takes them);
+    ``model`` is not changed (13)."""
     model = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     history = History()
-    batches, steps_per_epoch = run_batches(len(X), config)
-    for indices in batches:
+    steps, steps_per_epoch = _step_batches(X, y, config, batches)
+    for inputs, labels in steps:
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(X[indices]), y[indices])
+        loss = F.cross_entropy(model(inputs), labels)
         loss.backward()
         optimizer.step()
         history.step_loss.append(loss.item())
@@ -102,31 +151,61 @@ def train_single_process_adam(
     return history
 
 
+def check_same_step_counts(steps: int) -> None:
+    """Raise ValueError on every rank unless every rank takes ``steps`` steps: each
+    step is a collective, so a rank with fewer would leave the others waiting (13)."""
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, torch.tensor([steps]))
+    if len({int(count) for count in counts}) > 1:
+        per_rank = ", ".join(str(int(count)) for count in counts)
+        raise ValueError(
+            f"The ranks got different numbers of batches ({per_rank}, by rank): each "
+            "step is a collective, so every rank must take as many steps. Give every "
+            "rank the same number of batches."
+        )
+
+
 def train_stage(
     stage: str,
     model: nn.Module,
-    X: torch.Tensor,
-    y: torch.Tensor,
+    X: torch.Tensor | None,
+    y: torch.Tensor | None,
     config: TrainConfig,
     step: ShardedStep | None = None,
+    batches: Sequence[Batch] | None = None,
 ) -> ShardedHistory:
     """Train a copy of ``model`` with ``stage`` on this rank (inside a process
     group): its history with the full weights (gathered), the bytes sent per step
-    and the ledger after the last step (13). ``step`` replaces the stage's own
-    step function (DDP, ZeRO-1, ZeRO-2 only)."""
+    and the ledger after the last step (13).
+
+    Every rank starts from rank 0's weights and buffers (broadcast, as DDP does).
+    DDP, ZeRO-1 and ZeRO-2 take any module (frozen parameters stay frozen and out of
+    the optimizer, tied weights stay tied); ZeRO-3 what
+    :func:`~multigpu.zero.zero3.shard_model` shards. ``batches``: this rank's
+    batches, one per step, each sample indices into ``X`` and ``y`` or an (inputs,
+    labels) pair; by default notebook 08's. Every rank passes as many; the stages
+    average the ranks' mean gradients, so equal-sized batches train like one process
+    on their union. With ``batches``, ``config`` gives ``lr`` only and
+    ``train_loss`` is one mean over all steps. ``step`` replaces the stage's own
+    step function (DDP, ZeRO-1, ZeRO-2 only).
+    """
     check_choice("stage", stage, ZERO_STAGES)
     world_size, rank = dist.get_world_size(), dist.get_rank()
+    if stage == "ZeRO-3":
+        check_shardable(model)  # refused on every rank, before anything is sent
+    steps, steps_per_epoch = _step_batches(X, y, config, batches, world_size, rank)
+    check_same_step_counts(len(steps))
     model = copy.deepcopy(model)
+    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
     history = ShardedHistory(rank=rank, world_size=world_size)
-    batches, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     if stage == "ZeRO-3":
         meter = Meter()
         model = shard_model(model, meter)
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-        for indices in batches:
+        optimizer = torch.optim.Adam(trainable_parameters(model), lr=config.lr)
+        for inputs, labels in steps:
             before = meter.bytes_sent
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(X[indices]), y[indices])
+            loss = F.cross_entropy(model(inputs), labels)
             loss.backward()  # each layer reduce-scatters its gradient
             optimizer.step()  # Adam on this rank's chunks only
             history.step_loss.append(loss.item())
@@ -135,14 +214,14 @@ def train_stage(
         history.parameters = gathered_state_dict(model)
     else:
         step = step or STEPS[stage]
-        flat = flatten_parameters(model)  # (P,)
+        flat = flatten_parameters(model)  # (P,): the trainable parameters only
         if stage == "DDP":
             shard = nn.Parameter(flat)  # all of it: every rank updates everything
         else:
             shard = nn.Parameter(shard_of(flat, rank, world_size))  # my chunk, a view
         optimizer = torch.optim.Adam([shard], lr=config.lr)
-        for indices in batches:
-            loss, sent = step(model, flat, shard, optimizer, X[indices], y[indices])
+        for inputs, labels in steps:
+            loss, sent = step(model, flat, shard, optimizer, inputs, labels)
             history.step_loss.append(float(loss))
             history.bytes_sent.append(sent)
         history.ledger = measure_ledger([*model.parameters(), shard], optimizer)

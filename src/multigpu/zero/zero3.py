@@ -10,6 +10,8 @@ sends and the gathered layers it holds.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,26 +39,34 @@ class Meter:
 
 
 class ShardedLinear(nn.Module):
-    """An ``nn.Linear`` whose weight and bias, flattened into one buffer of
-    out·in + out numbers, are cut over the ranks: this rank keeps only its chunk,
-    the parameter ``shard`` (13)."""
+    """An ``nn.Linear`` whose weight and bias (if any), flattened into one buffer of
+    out·in (+ out) numbers, are cut over the ranks: this rank keeps only its chunk,
+    the parameter ``shard`` (13). A frozen layer's shard stays frozen: it is
+    gathered for forward and backward, but gets no gradient and no optimizer state."""
 
     def __init__(self, linear: nn.Linear, meter: Meter) -> None:
         super().__init__()
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        full = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        parts = [p for p in (linear.weight, linear.bias) if p is not None]
+        full = torch.cat([p.detach().reshape(-1) for p in parts])
         self.weight_shape = linear.weight.shape  # (out, in)
+        self.has_bias = linear.bias is not None
         self.numel = full.numel()
-        self.shard = nn.Parameter(shard_of(full, rank, world_size).clone())
+        self.shard = nn.Parameter(
+            shard_of(full, rank, world_size).clone(),
+            requires_grad=linear.weight.requires_grad,
+        )
         self.meter = meter
 
-    def gather(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All-gather the full buffer: (it, the weight (out, in), the bias (out,))."""
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """All-gather the full buffer: (it, the weight (out, in), the bias (out,) or
+        None)."""
         full = torch.empty(self.numel, dtype=self.shard.dtype)
         self.meter.bytes_sent += all_gather(full, self.shard.detach())
         self.meter.gathered(full)
         weight = full[: self.weight_shape.numel()].view(self.weight_shape)
-        return full, weight, full[self.weight_shape.numel() :]
+        bias = full[self.weight_shape.numel() :] if self.has_bias else None
+        return full, weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return AllGatherLinear.apply(x, self.shard, self)  # (B, in) -> (B, out)
@@ -79,43 +89,83 @@ class AllGatherLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
         layer = ctx.layer
-        full, weight, _ = layer.gather()  # all-gather again, for grad_x
+        full, weight, bias = layer.gather()  # all-gather again, for grad_x
         grad_x = grad_out @ weight  # (B, in)
         layer.meter.freed(full)
-        grad_full = torch.cat([(grad_out.T @ x).reshape(-1), grad_out.sum(0)])
+        if not ctx.needs_input_grad[1]:  # a frozen layer: no gradient to send
+            return grad_x, None, None
+        grad_full = (grad_out.T @ x).reshape(-1)  # the weight's, (out·in,)
+        if bias is not None:
+            grad_full = torch.cat([grad_full, grad_out.sum(0)])  # and the bias's
         grad_shard = torch.empty_like(layer.shard)
         layer.meter.bytes_sent += reduce_scatter(grad_shard, grad_full)  # my chunk
         grad_shard /= dist.get_world_size()  # the mean over the ranks
         return grad_x, grad_shard, None
 
 
-def shard_model(model: nn.Sequential, meter: Meter) -> nn.Sequential:
+def shard_model(model: nn.Module, meter: Meter) -> nn.Module:
     """A copy of ``model`` with every ``nn.Linear`` replaced by a
-    :class:`ShardedLinear` holding this rank's chunk (13)."""
-    for index, layer in enumerate(model):  # check everything before sharding
-        shardable = isinstance(layer, nn.Linear) and layer.bias is not None
-        if not shardable and next(layer.parameters(), None) is not None:
+    :class:`ShardedLinear` holding this rank's chunk (13). Buffers and parameter-free
+    modules stay as they are. Refused, before anything is sent: a parameter outside
+    an ``nn.Linear``, a weight tied between two layers, a layer half frozen. A layer
+    unused in forward is supported only if no rank uses it (its collectives would
+    otherwise wait for ranks that never send)."""
+    check_shardable(model)
+    model = copy.deepcopy(model)
+    if isinstance(model, nn.Linear):
+        return ShardedLinear(model, meter)
+    for name, layer in list(model.named_modules()):
+        if isinstance(layer, nn.Linear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, ShardedLinear(layer, meter))
+    return model
+
+
+def check_shardable(model: nn.Module) -> None:
+    """Raise ValueError, naming the case, if :func:`shard_model` cannot shard
+    ``model`` (13)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    for tied in names.values():
+        if len(tied) > 1:
             raise ValueError(
-                f"Layer {index} ({type(layer).__name__}) has parameters that ZeRO-3 "
-                "by hand cannot shard: it shards nn.Linear layers with a bias only. "
-                "Build the model from nn.Linear layers and activations, e.g. with "
-                "make_mlp()."
+                "ZeRO-3 by hand cannot shard a weight tied between two layers "
+                f"({' is '.join(tied)}): each ShardedLinear keeps its own chunk. "
+                "Untie them, or train with DDP, ZeRO-1 or ZeRO-2, which keep tied "
+                "weights tied."
             )
-    return nn.Sequential(
-        *(
-            ShardedLinear(layer, meter) if isinstance(layer, nn.Linear) else layer
-            for layer in model
-        )
-    )
+    for name, layer in model.named_modules():
+        own = [p for p in layer.parameters(recurse=False)]
+        if own and not isinstance(layer, nn.Linear):
+            raise ValueError(
+                f"Layer {name or 'the model'} ({type(layer).__name__}) has parameters "
+                "that ZeRO-3 by hand cannot shard: it shards nn.Linear layers only. "
+                "Build the model from nn.Linear layers, activations and buffers, e.g. "
+                "with make_mlp(), or train it with DDP, ZeRO-1 or ZeRO-2."
+            )
+        if len({p.requires_grad for p in own}) > 1:
+            raise ValueError(
+                f"Layer {name or 'the model'} (Linear) is half frozen (its weight and "
+                "bias differ in requires_grad): ZeRO-3 by hand freezes or trains a "
+                "whole layer. Freeze both or neither, e.g. layer.requires_grad_(False)."
+            )
 
 
-def gathered_state_dict(model: nn.Sequential) -> dict[str, torch.Tensor]:
-    """The full weights of a ZeRO-3 model under the original model's names, gathered
-    on every rank (a collective) (13)."""
+def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights (and buffers) of a ZeRO-3 model under the original model's
+    names, gathered on every rank (a collective) (13)."""
     state = {}
-    for index, layer in enumerate(model):
-        if isinstance(layer, ShardedLinear):
-            full, weight, bias = layer.gather()
-            layer.meter.freed(full)
-            state[f"{index}.weight"], state[f"{index}.bias"] = weight, bias
+    for name, tensor in model.state_dict().items():
+        prefix, _, _ = name.rpartition(".")
+        layer = model.get_submodule(prefix)
+        if not isinstance(layer, ShardedLinear):
+            state[name] = tensor.detach().clone()  # a buffer: the same on every rank
+            continue
+        full, weight, bias = layer.gather()
+        layer.meter.freed(full)
+        key = f"{prefix}." if prefix else ""
+        state[f"{key}weight"] = weight
+        if bias is not None:
+            state[f"{key}bias"] = bias
     return state

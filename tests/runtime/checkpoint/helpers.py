@@ -1,4 +1,8 @@
-"""Models shared by the tests of multigpu.runtime.checkpoint."""
+"""Models and file surgery shared by the tests of multigpu.runtime.checkpoint."""
+
+import struct
+import zipfile
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,3 +25,28 @@ def assert_same_state(a: nn.Module, b: nn.Module) -> None:
 
 class Opaque:
     """An arbitrary class: weights-only loading refuses to unpickle it."""
+
+
+def tensor_byte_offsets(path: Path) -> list[int]:
+    """The offset in ``path`` of every byte of its tensors' data: the records
+    ``<archive>/data/<n>`` of torch.save's zip, found from their local headers."""
+    offsets = []
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as file:
+        for info in archive.infolist():
+            if info.filename.split("/")[1:2] != ["data"]:
+                continue
+            file.seek(info.header_offset)
+            header = file.read(30)
+            assert header[:4] == b"PK\x03\x04"
+            name_length, extra_length = struct.unpack("<HH", header[26:30])
+            start = info.header_offset + 30 + name_length + extra_length
+            offsets.extend(range(start, start + info.compress_size))
+    assert offsets, f"{path} holds no tensor data"
+    return offsets
+
+
+def flip_bit(path: Path, offset: int, bit: int) -> None:
+    """Flip one bit of the byte at ``offset`` of ``path``, in place."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))

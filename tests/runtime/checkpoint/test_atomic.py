@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import select
 import signal
@@ -23,8 +25,14 @@ from tests.runtime.checkpoint.helpers import assert_same_state, small_model
 # --- atomic saves -----------------------------------------------------------------
 
 
+REAL_TORCH_SAVE = torch.save
+
+
 def interrupted_save(obj, file, *args, **kwargs):
-    """Stands in for torch.save: writes half a file, then the user hits Ctrl-C."""
+    """Stands in for torch.save: writes half a file, then the user hits Ctrl-C.
+    save_checkpoint's own check of the extras (in memory) still works."""
+    if isinstance(file, io.BytesIO):
+        return REAL_TORCH_SAVE(obj, file, *args, **kwargs)
     file.write(b"PK\x03\x04 half a checkpoint")
     raise KeyboardInterrupt
 
@@ -51,6 +59,109 @@ def test_a_plain_interrupted_torch_save_destroys_the_old_file(tmp_path):
         interrupted_save(None, file)
     with pytest.raises(RuntimeError):
         torch.load(path, weights_only=True)
+
+
+class FailingFile(io.RawIOBase):
+    """A file whose writes fail with ``error_number`` after ``good`` bytes, as on a
+    disk that fills up (ENOSPC) or is read-only (EROFS)."""
+
+    def __init__(self, file, error_number, good=1000):
+        self.file, self.error_number, self.left = file, error_number, good
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if len(data) > self.left:
+            raise OSError(self.error_number, os.strerror(self.error_number))
+        self.left -= len(data)
+        return self.file.write(data)
+
+
+def failing_save(error_number):
+    """A torch.save whose file writes fail with ``error_number``: torch reports it
+    as "unexpected pos", with the OSError only in the chained context."""
+
+    def save(obj, file, *args, **kwargs):
+        if not isinstance(file, io.BytesIO):
+            file = FailingFile(file, error_number)
+        return REAL_TORCH_SAVE(obj, file, *args, **kwargs)
+
+    return save
+
+
+def test_torch_alone_hides_a_full_disk(tmp_path):
+    with pytest.raises(RuntimeError, match="unexpected pos") as error:
+        with open(tmp_path / "c.pt", "wb") as file:
+            failing_save(errno.ENOSPC)(small_model().state_dict(), file)
+    assert error.value.__context__.errno == errno.ENOSPC
+
+
+def test_a_full_disk_says_so_and_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, small_model(seed=0), epoch=1)
+    monkeypatch.setattr(torch, "save", failing_save(errno.ENOSPC))
+    with pytest.raises(OSError) as error:
+        save_checkpoint(path, small_model(seed=1), epoch=2)
+    monkeypatch.undo()
+    assert str(error.value) == (
+        f"Cannot save {path}: no space left on device. Free some space on that "
+        "disk, or save to a folder on another disk."
+    )
+    assert error.value.errno == errno.ENOSPC
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left
+    assert load_checkpoint(path, small_model())["epoch"] == 1  # the old one stays
+
+
+def test_a_read_only_disk_says_so_even_when_the_cleanup_fails(tmp_path, monkeypatch):
+    """On a read-only file system the temporary's removal fails too (EROFS): that
+    second error must not hide the first."""
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    path = tmp_path / "c.pt"
+    monkeypatch.setattr(torch, "save", failing_save(errno.EROFS))
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(OSError) as error:
+        save_checkpoint(path, small_model(), epoch=1)
+    monkeypatch.undo()
+    assert str(error.value) == (
+        f"Cannot save {path}: the file system is read-only. Save to a folder on a "
+        "disk you can write to."
+    )
+    assert error.value.errno == errno.EROFS
+
+
+def test_a_read_only_folder_that_must_be_created_says_so(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    path = tmp_path / "new" / "c.pt"
+    with pytest.raises(OSError) as error:
+        save_checkpoint(path, small_model())
+    assert str(error.value) == (
+        f"Cannot save {path}: the file system is read-only. Save to a folder on a "
+        "disk you can write to."
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 3], ids=["file/c.pt", "file/a/b/c.pt"])
+def test_a_path_under_a_regular_file_says_so(tmp_path, depth):
+    (tmp_path / "runs").write_text("a file, not a folder")
+    path = tmp_path.joinpath("runs", *["a", "b"][: depth - 1], "c.pt")
+    for save in (
+        lambda: save_checkpoint(path, small_model()),
+        lambda: checkpoint.write_atomically(path, {"x": 1}),
+    ):
+        with pytest.raises(NotADirectoryError) as error:
+            save()
+        assert str(error.value) == (
+            f"Cannot save {path}: {tmp_path / 'runs'} is a file, not a folder. Save "
+            "to a path inside a folder, or move that file away."
+        )
+        assert error.value.errno == errno.ENOTDIR
 
 
 def test_save_overwrites_atomically(tmp_path):

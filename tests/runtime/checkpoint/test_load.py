@@ -4,6 +4,8 @@ damaged files and mismatched optimizers."""
 from __future__ import annotations
 
 import copy
+import os
+import pickle
 import random
 import traceback
 from contextlib import contextmanager
@@ -324,13 +326,45 @@ def test_a_file_holding_other_objects_is_refused_without_unsafe_advice(tmp_path)
         f"`with torch.serialization.safe_globals([{refused}]):`."
     )
     assert "weights_only=False" not in "".join(traceback.format_exception(error.value))
-    with torch.serialization.safe_globals([Opaque]):  # the advice works
+    unchecked = pytest.warns(UserWarning, match="holds no checksum")  # torch.save's
+    with torch.serialization.safe_globals([Opaque]), unchecked:  # the advice works
         assert isinstance(
             load_checkpoint(tmp_path / "c.pt", small_model(1))["thing"], Opaque
         )
     # an explicit opt-in to full unpickling loads it too
-    loaded = load_checkpoint(tmp_path / "c.pt", small_model(1), weights_only=False)
+    with pytest.warns(UserWarning, match="holds no checksum"):
+        loaded = load_checkpoint(tmp_path / "c.pt", small_model(1), weights_only=False)
     assert isinstance(loaded["thing"], Opaque)
+
+
+class RunsACommand:
+    """Pickles as a call to os.system (posix.system): a malicious checkpoint."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="os.system is posix.system on POSIX")
+def test_a_file_that_would_run_a_command_is_called_unsafe(tmp_path):
+    marker = tmp_path / "ran"
+    payload = RunsACommand(f"touch {marker}")
+    state = small_model().state_dict()
+    torch.save({"model": state, "epoch": 1, "x": payload}, tmp_path / "c.pt")
+    with pytest.raises(pickle.UnpicklingError, match="whose module posix is blocked"):
+        torch.load(tmp_path / "c.pt", weights_only=True)  # torch's own wording
+    with pytest.raises(UnsafeCheckpointError) as error:
+        load_checkpoint(tmp_path / "c.pt", small_model(1))
+    assert str(error.value) == (
+        "c.pt holds a posix.system, from the module posix, which PyTorch never "
+        "unpickles because it can run commands on this machine: the file was not "
+        "written by save_checkpoint and may be malicious. Do not load c.pt; save "
+        "the checkpoint again with save_checkpoint."
+    )
+    assert "weights_only=False" not in "".join(traceback.format_exception(error.value))
+    assert not marker.exists()  # nothing ran
 
 
 # --- optimizers of another type ---------------------------------------------------
@@ -402,7 +436,10 @@ def test_an_old_file_without_the_optimizer_type_still_gets_a_clear_error(tmp_pat
     target = small_model(seed=1)
     adam = torch.optim.Adam(target.parameters(), lr=0.5)
     before = copy.deepcopy(adam.state_dict())
-    with pytest.raises(OptimizerMismatchError) as error:
+    with (
+        pytest.raises(OptimizerMismatchError) as error,
+        pytest.warns(UserWarning, match="holds no checksum"),  # saved by torch.save
+    ):
         load_checkpoint(tmp_path / "c.pt", target, adam)
     assert str(error.value) == (
         "c.pt holds optimizer state that does not fit Adam (KeyError: 'step'): it "

@@ -21,17 +21,26 @@ runs no code from the file. A dataclass such as ``multigpu.core.train.TrainConfi
 stored as a dict of its fields with a note of its type, and the package's own
 dataclasses are rebuilt on loading; :func:`save_checkpoint` refuses anything else
 that weights-only loading would refuse, when it is saved rather than when it is
-loaded. A damaged file, an optimizer of another type, and a file holding objects
-other than plain data each raise an error that says so and how to fix it.
+loaded. Every save stores a checksum of the file's bytes, which loading checks
+(``checksum.py``). A damaged file, an optimizer of another type, and a file holding
+objects other than plain data each raise an error that says so and how to fix it.
 One file per concept: ``prefix.py``, ``save.py``, ``load.py``, ``atomic.py``,
-``plain_data.py``, ``errors.py``; this package gives all their public names.
+``checksum.py``, ``plain_data.py``, ``errors.py``; this package gives all their
+public names.
 """
 
 from multigpu.runtime.checkpoint.atomic import (
     STALE_AFTER_SECONDS,
+    check_folders,
+    disk_error,
     remove_stale_temporaries,
     temporary_pattern,
     write_atomically,
+)
+from multigpu.runtime.checkpoint.checksum import (
+    CHECKSUM_RECORD,
+    add_checksum,
+    verify_checksum,
 )
 from multigpu.runtime.checkpoint.errors import (
     CheckpointError,
@@ -72,6 +81,7 @@ from multigpu.runtime.checkpoint.save import (
 )
 
 __all__ = [
+    "CHECKSUM_RECORD",
     "CheckpointError",
     "CheckpointMismatchError",
     "DATACLASS_KEY",
@@ -89,8 +99,11 @@ __all__ = [
     "UnsafeCheckpointError",
     "WRAPPER_FLAG",
     "WRAPPER_TYPES",
+    "add_checksum",
     "add_prefix",
+    "check_folders",
     "from_plain_data",
+    "disk_error",
     "is_wrapped",
     "load_checkpoint",
     "load_model_state",
@@ -102,5 +115,6 @@ __all__ = [
     "temporary_pattern",
     "to_plain_data",
     "unwrap",
+    "verify_checksum",
     "write_atomically",
 ]

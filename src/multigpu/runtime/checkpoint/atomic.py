@@ -3,6 +3,7 @@ temporaries of saves that were killed (06, 11)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from multigpu.runtime.checkpoint.checksum import add_checksum
 
 try:  # POSIX: a save locks its temporary file while it writes it
     import fcntl
@@ -29,25 +32,85 @@ def write_atomically(path: str | os.PathLike, obj: Any) -> None:
     The temporary file is ``.{name}.{pid}.{random}.tmp`` next to ``path``, locked
     (POSIX ``flock``) from its creation until it has replaced ``path``. Before
     writing, the stale temporaries of earlier saves of ``path`` that were killed
-    are removed (:func:`remove_stale_temporaries`).
+    are removed (:func:`remove_stale_temporaries`). The file carries a checksum of
+    its records (:func:`add_checksum`), which loading checks. A full disk, a
+    read-only file system or a file where a folder should be raises an ``OSError``
+    whose one-line message names ``path`` and says so.
     """
     path = Path(path)
+    check_folders(path)
     remove_stale_temporaries(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(temporary, "xb") as file:
+        with open(temporary, "x+b") as file:
             locked = _lock(file)
             torch.save(obj, file)
-            file.flush()
+            add_checksum(file)
             os.fsync(file.fileno())  # the bytes are on disk before the rename
             if locked:  # rename while still locked: never unlocked before it is done
                 os.replace(temporary, path)  # atomic on POSIX and Windows
         if not locked:  # Windows renames no open file
             os.replace(temporary, path)
-    except BaseException:  # Ctrl-C included: leave no temporary file behind
-        temporary.unlink(missing_ok=True)
+    except BaseException as error:  # Ctrl-C included: leave no temporary file behind
+        try:
+            temporary.unlink(missing_ok=True)
+        except OSError:  # e.g. a read-only file system: the first error matters
+            pass
+        if isinstance(error, Exception):
+            clear = disk_error(path, error)
+            if clear is not None:
+                raise clear from error
         raise
     _sync_directory(path.parent)
+
+
+# errno -> what a full or read-only disk means, and what to do about it
+_DISK_ERRORS = {
+    errno.ENOSPC: (
+        "no space left on device",
+        "Free some space on that disk, or save to a folder on another disk.",
+    ),
+    errno.EDQUOT: (
+        "disk quota exceeded",
+        "Free some of your space on that disk, or save to a folder on another disk.",
+    ),
+    errno.EROFS: (
+        "the file system is read-only",
+        "Save to a folder on a disk you can write to.",
+    ),
+}
+
+
+def disk_error(path: Path, error: BaseException) -> OSError | None:
+    """A one-line ``OSError`` naming ``path`` if ``error`` or an error it chains
+    (torch wraps a failed write in "unexpected pos ...") is a full disk, an
+    exceeded quota or a read-only file system; None otherwise (06, 11)."""
+    seen: set[int] = set()
+    candidate: BaseException | None = error
+    while candidate is not None and id(candidate) not in seen:
+        seen.add(id(candidate))
+        if isinstance(candidate, OSError) and candidate.errno in _DISK_ERRORS:
+            what, fix = _DISK_ERRORS[candidate.errno]
+            clear = OSError(f"Cannot save {path}: {what}. {fix}")
+            clear.errno = candidate.errno  # str() stays the one line above
+            return clear
+        candidate = candidate.__cause__ or candidate.__context__
+    return None
+
+
+def check_folders(path: Path) -> None:
+    """Raise ``NotADirectoryError`` (one line, naming it) if the nearest existing
+    folder above ``path`` is in fact a file, where a save cannot create folders."""
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                error = NotADirectoryError(
+                    f"Cannot save {path}: {folder} is a file, not a folder. Save "
+                    "to a path inside a folder, or move that file away."
+                )
+                error.errno = errno.ENOTDIR  # str() stays the one line above
+                raise error
+            return
 
 
 def _lock(file: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,19 @@ import torch
 from torch import nn
 
 from multigpu.core.devices import SIMULATED_PREFIX, Device, resolve_device
+from multigpu.runtime.checkpoint.checksum import verify_checksum
 from multigpu.runtime.checkpoint.errors import (
     CheckpointMismatchError,
     InvalidCheckpointError,
     OptimizerMismatchError,
     UnsafeCheckpointError,
 )
-from multigpu.runtime.checkpoint.plain_data import _refused_global, from_plain_data
+from multigpu.runtime.checkpoint.plain_data import (
+    OWN_PACKAGE,
+    _blocked_module,
+    _refused_global,
+    from_plain_data,
+)
 from multigpu.runtime.checkpoint.prefix import PREFIX, match_keys, unwrap
 from multigpu.runtime.checkpoint.save import (
     EPOCH_KEY,
@@ -80,15 +87,20 @@ def load_checkpoint(
     ``torch.device``, or a simulated device, as a :class:`Device` or its name
     ("gpu:1", whose tensors live on the CPU). ``weights_only=True`` unpickles only
     plain data, so loading runs no code from the file; turn it off only for a file
-    you made yourself. Errors: :class:`InvalidCheckpointError` for a file that is
-    empty, cut short or corrupted; :class:`UnsafeCheckpointError` for one holding
-    other objects; :class:`CheckpointMismatchError` when the keys do not fit the
-    model; :class:`OptimizerMismatchError` when the optimizer state does not fit
+    you made yourself. The checksum a save stores is checked first; a file without
+    one (``torch.save``'s, or one saved before checksums) loads unchecked, with a
+    warning if it is a checkpoint dict. Errors: :class:`InvalidCheckpointError` for
+    a file that is empty, cut short, corrupted or not matching its checksum;
+    :class:`UnsafeCheckpointError` for one holding other objects;
+    :class:`CheckpointMismatchError` when the keys do not fit the model;
+    :class:`OptimizerMismatchError` when the optimizer state does not fit
     ``optimizer`` (the model and the optimizer are then left as they were, except
     that for a file saved without ``"optimizer_type"`` the model is loaded already).
     """
     path = Path(path)
-    loaded = _read(path, _torch_location(map_location), weights_only)
+    location = _torch_location(map_location)
+    checked = verify_checksum(path)  # a file that does not match it is refused
+    loaded = _read(path, location, weights_only)
     if not isinstance(loaded, Mapping):
         raise TypeError(
             f"{path.name} holds a {type(loaded).__name__}, not a checkpoint dict or "
@@ -96,6 +108,14 @@ def load_checkpoint(
             "torch.save(model.state_dict(), path)."
         )
     if isinstance(loaded.get(MODEL_KEY), Mapping):
+        if not checked:
+            warnings.warn(
+                f"{path.name} holds no checksum (saved by torch.save, or by "
+                f"{OWN_PACKAGE} before checkpoints carried one), so damage to its "
+                "bytes cannot be detected: it is loaded unchecked. Save it again "
+                "with save_checkpoint to add a checksum.",
+                stacklevel=2,
+            )
         checkpoint = {
             key: value if key in RESERVED_KEYS else from_plain_data(value, path.name)
             for key, value in loaded.items()
@@ -171,6 +191,15 @@ def _read(path: Path, map_location: Any, weights_only: bool) -> Any:
         refused = _refused_global(error)
         if refused is None:
             raise _invalid(path, error) from cause
+        blocked = _blocked_module(error)
+        if blocked is not None:
+            raise UnsafeCheckpointError(
+                f"{path.name} holds a {refused}, from the module {blocked}, which "
+                "PyTorch never unpickles because it can run commands on this "
+                "machine: the file was not written by save_checkpoint and may be "
+                f"malicious. Do not load {path.name}; save the checkpoint again "
+                "with save_checkpoint."
+            ) from cause
         raise UnsafeCheckpointError(
             f"{path.name} holds a {refused}, which load_checkpoint does not unpickle "
             "because unpickling objects other than plain data can run code from the "

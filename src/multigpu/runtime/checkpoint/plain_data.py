@@ -120,14 +120,31 @@ def _without_tensor_data(value: Any) -> Any:
     return _map_children(value, _without_tensor_data)
 
 
+# torch's two ways of refusing a global: not allowed ("Unsupported global: GLOBAL
+# pathlib.PosixPath ..."), or from a module it never allows, whatever the allowlist
+# ("Trying to load unsupported GLOBAL posix.system whose module posix is blocked")
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_BLOCKED_GLOBAL = re.compile(
+    r"unsupported GLOBAL ([\w.]+) whose module ([\w.]+) is blocked"
+)
 
 
 def _refused_global(error: BaseException) -> str | None:
     """The type that weights-only loading refused ("pathlib.PosixPath"), if that is
     why ``error`` (or the error it wraps) was raised."""
+    for pattern in (_REFUSED_GLOBAL, _BLOCKED_GLOBAL):
+        for candidate in (error, error.__context__):
+            match = pattern.search(str(candidate)) if candidate else None
+            if match:
+                return match.group(1)
+    return None
+
+
+def _blocked_module(error: BaseException) -> str | None:
+    """The module ("posix") whose globals weights-only loading refuses whatever is
+    allowed (it could run code), if that is why ``error`` was raised."""
     for candidate in (error, error.__context__):
-        match = _REFUSED_GLOBAL.search(str(candidate)) if candidate else None
+        match = _BLOCKED_GLOBAL.search(str(candidate)) if candidate else None
         if match:
-            return match.group(1)
+            return match.group(2)
     return None

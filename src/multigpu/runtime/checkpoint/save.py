@@ -10,7 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from multigpu.runtime.checkpoint.atomic import write_atomically
+from multigpu.runtime.checkpoint.atomic import (
+    check_folders,
+    disk_error,
+    write_atomically,
+)
 from multigpu.runtime.checkpoint.plain_data import _check_loadable, to_plain_data
 from multigpu.runtime.checkpoint.prefix import unwrap
 
@@ -39,7 +43,8 @@ def save_checkpoint(
     their fields with a note of their type (see :func:`to_plain_data`). Anything
     that weights-only loading would refuse (a ``Path``, a NumPy number, your own
     class) raises a ``TypeError`` here, before the file is touched, rather than
-    when the checkpoint is loaded.
+    when the checkpoint is loaded. The file carries a checksum of its bytes, which
+    :func:`load_checkpoint` checks (see :mod:`.checksum`).
     """
     path = Path(path)
     clashing = sorted(set(extra) & set(RESERVED_KEYS))
@@ -60,6 +65,13 @@ def save_checkpoint(
     }
     if optimizer is not None:
         checkpoint[OPTIMIZER_TYPE_KEY] = type(optimizer).__name__
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_folders(path)  # a file where a folder should be: one clear line
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        clear = disk_error(path, error)  # a read-only or full disk: one clear line
+        if clear is None:
+            raise
+        raise clear from error
     write_atomically(path, checkpoint)
     return path

@@ -1,6 +1,10 @@
-"""The torchrun script: runs under torchrun, says to use it otherwise."""
+"""The torchrun script: runs under torchrun, says to use it otherwise; from a shell,
+a wrong option is one line, and every command its docstrings print runs."""
 
+import importlib
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -10,6 +14,7 @@ import torch.distributed as dist
 
 from multigpu import ddp
 from multigpu.runtime.launch import run_torchrun
+from tests.faults.leftovers import run_shell
 
 
 def test_read_rank_env_says_to_use_torchrun():
@@ -69,3 +74,191 @@ def test_torchrun_runs_the_script(tmp_path):
     assert lines[1].startswith("epoch 1/1: train loss ")
     assert lines[-1] == "every rank holds the same weights: True"
     assert (tmp_path / "last.pt").exists()
+
+
+SCRIPT = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --no-progress"
+PROG = "torchrun --standalone --nproc-per-node=N -m multigpu.ddp"
+SHELL_TIMEOUT = 240  # one torchrun run from a shell on a busy 2-core machine
+
+
+def _script_errors(output):
+    """The ranks' one-line errors: the usage errors and ``rank R: ...`` lines."""
+    lines = output.splitlines()
+    return [line for line in lines if ": error: " in line or line.startswith("rank ")]
+
+
+def _check_one_line(code, output, expected):
+    assert _script_errors(output) == [expected], output[-3000:]
+    assert not any(line.startswith("[rank") for line in output.splitlines())
+    assert "exitcode  : 2" in output  # torchrun's summary: the ranks' status
+    assert code == 1  # torchrun's own: a rank failed
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            "--epochs 0",
+            "--epochs must be an integer of at least 1, got 0. Pass e.g. --epochs 5.",
+        ),
+        (
+            "--epochs -1",
+            "--epochs must be an integer of at least 1, got -1. Pass e.g. --epochs 5.",
+        ),
+        (
+            "--batch-size 0",
+            "--batch-size must be an integer of at least 1, got 0. "
+            "Pass e.g. --batch-size 64.",
+        ),
+        ("--lr nan", "--lr must be a finite number, got nan. Pass e.g. --lr 0.05."),
+        (
+            "--accumulation 0",
+            "--accumulation must be an integer of at least 1, got 0."
+            " Pass 1 for no accumulation.",
+        ),
+        (
+            "--momentum -1",
+            "--momentum must not be negative, got -1.0. Pass e.g. "
+            "--momentum 0.9, or 0 for none.",
+        ),
+        (
+            "--samples 10",
+            "--samples 10 gives 10 samples, fewer than one global batch "
+            "(--batch-size 64) on 2 ranks: no rank would train a single step. "
+            "Pass more --samples or a smaller --batch-size.",
+        ),
+        (
+            "--checkpoint /sys/last.pt",
+            "--checkpoint /sys/last.pt: cannot write a file "
+            "in /sys (permission denied). Pass a --checkpoint path in a folder you can "
+            "write to, with space left.",
+        ),
+        (
+            "--snapshot s --kill-rank 5 --kill-at-step 3",
+            "--kill-rank 5 is not a rank of this run: torchrun started 2 (0 to 1). "
+            "Pass a rank from 0 to 1, or start more ranks.",
+        ),
+        (
+            "--snapshot s --kill-rank 1 --kill-at-step -4",
+            "--kill-at-step must be 0 or "
+            "more, got -4. Pass the steps done before it dies, e.g. --kill-at-step 1.",
+        ),
+        (
+            "--snapshot s --samples 256 --epochs 2 --kill-rank 1 --kill-at-step 8",
+            "--kill-at-step 8 never comes: this run trains 8 steps (2 epochs of 4), so "
+            "the fault would not fire. Pass a step from 0 to 7.",
+        ),
+    ],
+)
+def test_a_wrong_option_is_one_line_from_torchrun(tmp_path, options, message):
+    code, output = run_shell(f"{SCRIPT} {options}", SHELL_TIMEOUT, cwd=tmp_path)
+    _check_one_line(code, output, f"{PROG}: error: {message}")
+    assert not (tmp_path / "s").exists()  # stopped before the loop made it
+
+
+def _unshare_works():
+    try:
+        done = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -rm (user namespaces)")
+@pytest.mark.parametrize(
+    "prepare, reason",
+    [
+        ("mount -o remount,ro D", "read-only file system"),
+        ("head -c 1M /dev/zero > D/fill 2>/dev/null", "no space left on device"),
+    ],
+)
+def test_a_checkpoint_folder_that_takes_no_file_is_one_line(tmp_path, prepare, reason):
+    """A read-only or full file system: a 64 KiB tmpfs of the test's own (a user and
+    mount namespace), refused before the process group starts."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    inside = f"mount -t tmpfs -o size=64k tmpfs D; {prepare}; {SCRIPT} "
+    inside += "--checkpoint D/last.pt"
+    code, output = run_shell(
+        f"unshare -rm sh -c {shlex.quote(inside.replace('D', str(disk)))}",
+        SHELL_TIMEOUT,
+        cwd=tmp_path,
+    )
+    _check_one_line(
+        code,
+        output,
+        f"{PROG}: error: --checkpoint {disk}/last.pt: cannot write a file in {disk} "
+        f"({reason}). Pass a --checkpoint path in a folder you can write to, with "
+        "space left.",
+    )
+
+
+def docstring_commands(text):
+    """The shell commands in a docstring: lines that start with ``torchrun`` or
+    with a variable and then ``torchrun``, with their ``\\`` continuations."""
+    commands, current = [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if current is None and re.match(r"^(\w+=\S+ )*torchrun ", stripped):
+            current = ""
+        if current is not None:
+            current += stripped.rstrip("\\").strip() + " "
+            if not stripped.endswith("\\"):
+                commands.append(current.strip())
+                current = None
+    return commands
+
+
+MAIN = "multigpu.ddp.__main__"
+MODULES_WITH_COMMANDS = ["multigpu.ddp", MAIN, "multigpu.snapshot"]
+COMMANDS = sorted(
+    {
+        command
+        for name in MODULES_WITH_COMMANDS
+        for command in docstring_commands(importlib.import_module(name).__doc__)
+    }
+)
+
+
+def test_the_docstrings_print_the_commands_a_learner_pastes():
+    assert any("--max-restarts" in command for command in COMMANDS)
+    for command in COMMANDS:
+        if "--max-restarts" in command:
+            assert command.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "), command
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_in_the_docstrings_runs_from_a_shell(tmp_path, command):
+    command = command.replace("DIR", str(tmp_path / "snapshots"))
+    code, output = run_shell(command, 2 * SHELL_TIMEOUT, cwd=tmp_path)
+    assert code == 0, output[-3000:]
+    assert output.splitlines()[-1] == "every rank holds the same weights: True"
+    if "--kill-rank" in command:
+        words = command.split()
+        kill_step = int(words[words.index("--kill-at-step") + 1])
+        every = 5  # the default --snapshot-every, unless the command gives it
+        if "--snapshot-every" in words:
+            every = int(words[words.index("--snapshot-every") + 1])
+        step = kill_step // every * every
+        resumed = f"restart 1: resumed from the snapshot of step {step} "
+        assert any(line.startswith(resumed) for line in output.splitlines()), output
+
+
+def test_restarts_without_the_own_store_variable_are_refused_with_the_command(
+    tmp_path,
+):
+    """torchrun reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE before it starts the script,
+    so the script cannot set it: it refuses to start, and gives the command."""
+    main_commands = docstring_commands(importlib.import_module(MAIN).__doc__)
+    (command,) = [c for c in main_commands if "--max-restarts" in c]
+    command = command.replace("DIR", str(tmp_path / "snapshots"))
+    without = command.removeprefix("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ")
+    code, output = run_shell(without, SHELL_TIMEOUT, cwd=tmp_path)
+    _check_one_line(
+        code,
+        output,
+        f"{PROG}: error: torchrun restarts need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, "
+        "which torchrun reads before it starts this script, so set it in the shell: "
+        f"{command}",
+    )
+    assert not (tmp_path / "snapshots").exists()

@@ -1,9 +1,15 @@
-"""Hangs end at the timeout, and the checks name the culprit (notebook 11)."""
+"""Hangs end at the timeout, and the checks name the culprit (notebook 11); the
+torchrun script's --timeout ends a hang from a shell."""
 
+import os
+import signal
 import time
+
+import pytest
 
 from multigpu.ranks.faults import late_rank, skipped_collective_rank
 from multigpu.runtime.launch import in_one_launch, spawn
+from tests.faults.leftovers import ShellRun
 
 
 def test_hangs_end_at_the_timeout_and_the_checks_name_the_culprit():
@@ -31,3 +37,37 @@ def test_hangs_end_at_the_timeout_and_the_checks_name_the_culprit():
     assert skipped0["result"] == "timed out, waiting for a peer"
     assert detail0["result"] == "collectives do not match (this rank was in ALLREDUCE)"
     assert detail1["result"] == "collectives do not match (this rank was in BARRIER)"
+
+
+def _wait_for(run, text, timeout):
+    """Seconds until ``text`` appears in the run's output; fail after ``timeout``."""
+    start = time.monotonic()
+    while text not in run.output():
+        if time.monotonic() - start > timeout or run.process.poll() is not None:
+            pytest.fail(f"no {text!r} within {timeout} s:\n{run.output()[-3000:]}")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_the_script_s_timeout_ends_a_hang_on_a_stopped_rank(folder):
+    """Rank 1 SIGSTOPped under torchrun from a shell: rank 0 fails after --timeout
+    seconds with one line, instead of waiting gloo's 30 minutes."""
+    run = ShellRun(
+        "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --timeout 5 "
+        "--samples 256 --epochs 50 --step-delay 0.05 --no-progress "
+        f"--snapshot {folder}",
+        cwd=folder,
+    )
+    try:
+        _wait_for(run, "snapshot of step 5 saved", timeout=180)
+        os.kill(run.ranks()[1], signal.SIGSTOP)
+        noticed = _wait_for(run, "rank 0: ", timeout=60)
+        code = run.wait(timeout=time.monotonic() - run.started + 120)
+        output = run.output()
+    finally:
+        run.stop()
+    assert noticed < 5 + 15, noticed  # the timeout, plus a busy machine's delays
+    failed = [line for line in output.splitlines() if line.startswith("rank 0: ")]
+    assert len(failed) == 1 and "timed out" in failed[0].lower(), failed
+    print(f"noticed {noticed:.1f} s after the stop: {failed[0]}")
+    assert code != 0

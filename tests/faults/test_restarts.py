@@ -3,13 +3,15 @@
 The runs kill real processes: every one is bounded by a timeout, and the ``folder``
 fixture checks the process table afterwards for any process whose command line names
 the test's folder. Models and data are float64, so "equal" means equal to ~1e-12.
-Set ``MULTIGPU_SLOW=1`` to also run the restart ten times in a row.
+Set ``MULTIGPU_SLOW=1`` to also run the restart ten times in a row, through
+``run_with_restarts`` and as the script's docstring prints it, from a shell.
 """
 
 import pytest
 
+import multigpu.ddp.__main__ as ddp_main
 from multigpu import faults, snapshot
-from tests.faults.leftovers import processes_naming
+from tests.faults.leftovers import processes_naming, run_shell
 from tests.snapshot.problem import EPOCHS, EVERY, SAMPLES, weights_equal
 
 SCRIPT = ["--samples", SAMPLES, "--epochs", EPOCHS, "--float64"]
@@ -78,3 +80,42 @@ def test_torchrun_restarts_after_a_rank_is_killed_from_outside(folder, uninterru
     figures = snapshot.restart_figures(folder, killed_at=killed_at)
     assert 0 <= figures["steps_lost"] <= EVERY
     print("outside kill:", {k: round(v, 2) for k, v in figures.items()})
+
+
+# The restart command of the script's docstring, pasted into a shell ten times.
+RESTART_COMMAND = (
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 "
+    "--max-restarts=3 -m multigpu.ddp --snapshot DIR --kill-rank 1 --kill-at-step 13"
+)
+
+
+@pytest.mark.slow  # ten restarts of 5 epochs from a shell: minutes
+def test_the_docstring_restart_command_resumes_ten_times_in_a_row(tmp_path):
+    assert RESTART_COMMAND in " ".join(ddp_main.__doc__.replace("\\", " ").split())
+    outcomes = []
+    for attempt in range(10):
+        folder = tmp_path / f"run{attempt}"
+        code, output = run_shell(
+            RESTART_COMMAND.replace("DIR", str(folder)), 600, cwd=tmp_path
+        )
+        resumed = "restart 1: resumed from the snapshot of step 10 " in output
+        agree = output.splitlines()[-1:] == ["every rank holds the same weights: True"]
+        outcomes.append(code == 0 and resumed and agree)
+    print(f"restart command: {sum(outcomes)} of 10 resumed and finished")
+    assert all(outcomes), outcomes
+
+
+def test_the_restart_log_leaves_out_the_survivor_s_error_line():
+    """A surviving rank prints ``rank R: <error>`` when its collective fails before
+    torchrun stops it, or nothing when torchrun's SIGTERM comes first: the story
+    leaves it out, so that it is the same on every run."""
+    output = (
+        "rank 1: SIGKILL to itself before step 13\n"
+        "rank 0: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+        "closed by peer [127.0.0.1]:41234\n"
+        "restart 1: resumed from the snapshot of step 10 (epoch 1, step 10 of 22)\n"
+    )
+    assert faults.restart_log(output) == [
+        "rank 1: SIGKILL to itself before step 13",
+        "restart 1: resumed from the snapshot of step 10 (epoch 1, step 10 of 22)",
+    ]

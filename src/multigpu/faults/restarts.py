@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from multigpu.core.checks import check_positive_int
+from multigpu.ddp.cli import OWN_STORE_VARIABLE
 from multigpu.runtime.launch import (
     TorchrunError,
     run_torchrun,
@@ -26,8 +28,9 @@ from multigpu.snapshot import SNAPSHOT_FILE, read_events
 
 MODULE = "multigpu.ddp"  # the script torchrun restarts
 # What makes a restart on one machine reliable (notebook 11, section 2): the workers
-# get a TCP store of their own instead of sharing the agent's rendezvous store.
-RELIABLE_RESTARTS = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# get a TCP store of their own instead of sharing the agent's rendezvous store. The
+# script refuses torchrun's restarts without it (multigpu.ddp.cli.check_restarts).
+RELIABLE_RESTARTS = {OWN_STORE_VARIABLE: "1"}
 
 
 def run_with_restarts(
@@ -42,8 +45,8 @@ def run_with_restarts(
     --snapshot FOLDER --no-progress script_args...``; its output (11).
 
     ``env`` is added to :data:`RELIABLE_RESTARTS` (pass ``{"TORCH_DISABLE_SHARE_RDZV_
-    TCP_STORE": "0"}`` to see torchrun's default). A run still going after
-    ``timeout`` seconds is stopped with every process it started.
+    TCP_STORE": "0"}`` to see the script refuse torchrun's default). A run still
+    going after ``timeout`` seconds is stopped with every process it started.
     """
     check_positive_int("nproc_per_node", nproc_per_node)
     args, launch = _restartable(folder, script_args, max_restarts, env)
@@ -154,13 +157,17 @@ def _steps_done(folder: str | os.PathLike) -> int:
 
 def restart_log(output: str) -> list[str]:
     """The lines of a restarted run's output that tell its story, the same on every
-    run: the ranks' own lines (``[rank0]:`` tracebacks left out) and torchrun's
-    notice of the failed worker, without timestamps, paths or process ids (11)."""
+    run: the ranks' own lines and torchrun's notice of the failed worker, without
+    timestamps, paths or process ids (11). Left out: ``[rank0]:`` tracebacks and a
+    surviving rank's ``rank R: <error>`` line, which depends on whether its
+    collective failed before torchrun stopped it."""
     lines = []
     for line in output.splitlines():
         if line.startswith("epoch "):  # its losses depend on the CPU's kernels
             lines.append(line.split(":")[0] + ": done")
-        elif line.startswith(("restart ", "rank ", "snapshot of ", "every ")):
+        elif line.startswith(("restart ", "snapshot of ", "every ")):
+            lines.append(line)
+        elif re.match(r"rank \d+: SIGKILL to itself", line):  # the injected fault
             lines.append(line)
         elif "failed (exitcode:" in line:
             # torchrun names the failure it saw first, by whole seconds: the killed

@@ -19,7 +19,8 @@ the previous snapshot, never half a file); every rank reads it at start with
 :func:`train_with_snapshots`, which ``python -m multigpu.ddp --snapshot DIR`` runs
 under torchrun::
 
-    torchrun --standalone --nproc-per-node=2 --max-restarts=3 -m multigpu.ddp \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone \\
+        --nproc-per-node=2 --max-restarts=3 -m multigpu.ddp \\
         --snapshot DIR --snapshot-every 5 --kill-rank 1 --kill-at-step 13
 
 ``--kill-rank R --kill-at-step S`` injects a fault: rank R kills itself with

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,10 @@ def train_with_snapshots(
     calls ``log``. ``save`` and ``load`` replace :func:`save_snapshot` and
     :func:`load_snapshot` (same arguments), for an exercise that writes them.
     """
-    save = save_snapshot if save is None else save
-    load = load_snapshot if load is None else load
+    if save is None:  # the reference records the sample position's settings
+        save = partial(save_snapshot, global_batch=config.batch_size)
+    if load is None:  # ... and refuses a snapshot written with others
+        load = partial(load_snapshot, global_batch=config.batch_size)
     check_positive_int("every", every, "Snapshot every 1 or more steps, e.g. every=5.")
     check_number("step_delay", step_delay, "Pass 0 for no delay.", allow_zero=True)
     folder = Path(folder)
@@ -81,7 +84,13 @@ def train_with_snapshots(
     loader = DataLoader(
         TensorDataset(X, y), batch_size=per_rank, sampler=sampler, drop_last=True
     )
-    steps_per_epoch = sampler.num_samples // per_rank
+    steps_per_epoch = snapshot_epoch_steps(len(X), config.batch_size, world_size)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"The global batch of {config.batch_size} is larger than the {len(X)} "
+            f"samples on {world_size} ranks, so not even one full batch fits. Use a "
+            f"global batch of at most {len(X)}."
+        )
     position, mine = load(folder / SNAPSHOT_FILE, model, optimizer, sampler, device)
     if main:
         record_event(folder, "resumed", global_step=position.global_step)
@@ -150,6 +159,14 @@ def train_with_snapshots(
     finally:
         restore()
     return _finish(history, model)
+
+
+def snapshot_epoch_steps(num_samples: int, global_batch: int, world_size: int) -> int:
+    """Optimizer steps per epoch of :func:`train_with_snapshots`: each rank's
+    ``ceil(num_samples / world_size)`` indices (the sampler pads with repeats) in
+    batches of ``global_batch / world_size``, the last partial one dropped (11)."""
+    per_rank = per_rank_batch_size(global_batch, world_size)
+    return -(-num_samples // world_size) // per_rank
 
 
 def _note_termination(folder: Path, rank: int) -> Callable[[], None]:

@@ -1,7 +1,9 @@
 """hvd.DistributedOptimizer trains exactly like PyTorch's DDP and like one process on
 the global batch, with one fusion buffer or many and with backward_passes_per_step,
-from ranks that start with different weights; its fusion buffers are sent during
-backward; and its mistakes are explained. The launches are in conftest.py.
+from ranks that start with different weights and with a parameter that only some
+ranks use; its fusion buffers are laid out in advance and sent during backward, in
+that order on every rank; and its mistakes are explained. The launches are in
+conftest.py.
 """
 
 import functools
@@ -16,13 +18,16 @@ from multigpu import horovod_api as hvd
 from multigpu.allreduce_sgd import train_single_process as single_process
 from multigpu.allreduce_sgd import world_losses
 from multigpu.core.compare import max_parameter_difference
+from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig
 from multigpu.core.units import MiB
+from multigpu.horovod_api import optimizer as hvd_optimizer
 from multigpu.ranks.horovod_api import train_horovod_style_rank as train
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
 from tests.horovod_api.problems import TINY_MB
 from tests.ranks import horovod_from_own_seed_rank
+from tests.test_allreduce_sgd import sometimes_unused_model
 
 
 @pytest.mark.parametrize("label", ["one fusion", "many fusions"])
@@ -194,3 +199,116 @@ def test_hard_cases_equal_one_process(hard_runs, name, dtype, run):
                 assert torch.equal(result.parameters[key], start[key]), key
             tied = result.parameters["encode.weight"]
             assert torch.equal(tied, result.parameters["decode.weight"])
+
+
+# A parameter used on some ranks only (issue 19): SometimesUnusedNet's ``extra``
+# gets a gradient only on the ranks whose batch takes its branch. The fusion buffers
+# are laid out in advance, so every rank sends the same buffers in the same order,
+# the missing gradient as zeros: one fusion buffer (the default) and one buffer per
+# gradient, on 2 and 3 ranks, float64 and float32, each equal to one process.
+BRANCH_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
+BRANCH_THRESHOLDS = {
+    "one fusion": hvd_optimizer.FUSION_THRESHOLD_MB,
+    "per gradient": 0.0,
+}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(n, t) for n in (2, 3) for t in BRANCH_THRESHOLDS],
+    ids=lambda p: f"world{p[0]}-{p[1].replace(' ', '_')}",
+)
+def branch_runs(request):
+    """{dtype: Histories by rank} of one world size and fusion threshold, both
+    dtypes in one launch, bounded (a collective that mismatches fails, never
+    hangs)."""
+    world_size, label = request.param
+    calls = [
+        (
+            train,
+            (
+                sometimes_unused_model(d),
+                *hard_case_data(dtype=d),
+                HARD_CONFIG,
+                1,
+                BRANCH_THRESHOLDS[label],
+            ),
+        )
+        for d in DTYPES
+    ]
+    per_rank = spawn(in_one_launch, world_size, calls, timeout=60.0, deadline=180.0)
+    return {d: [by_rank[i] for by_rank in per_rank] for i, d in enumerate(DTYPES)}
+
+
+def test_the_branch_is_taken_on_some_ranks_only():
+    """The case is real: in some step one rank's batch uses ``extra`` and another's
+    does not, on 2 and on 3 ranks."""
+    X, _ = hard_case_data(dtype=torch.float64)
+    for world_size in (2, 3):
+        batches = [
+            run_batches(len(X), HARD_CONFIG, world_size, r)[0]
+            for r in range(world_size)
+        ]
+        mixed = [
+            step
+            for step in zip(*batches)
+            if len({bool((X[i][:, 0] > 1.5).any()) for i in step}) == 2
+        ]
+        assert mixed, world_size
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_parameter_unused_on_some_ranks_equals_one_process(branch_runs, dtype):
+    model = sometimes_unused_model(dtype)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    reference = single_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
+    for key in ("extra.weight", "head.weight"):  # both train
+        assert (
+            max_parameter_difference(
+                {key: reference.parameters[key]}, {key: start[key]}
+            )
+            > 1e-3
+        ), key
+    results = branch_runs[dtype]
+    for result in results:
+        difference = max_parameter_difference(result.parameters, reference.parameters)
+        assert difference < BRANCH_TOLERANCE[dtype], difference
+        for key, tensor in results[0].parameters.items():  # ranks identical
+            assert torch.equal(result.parameters[key], tensor), key
+
+
+def test_fusion_buffers_are_laid_out_in_advance_in_reverse_registration_order():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+    params = list(
+        model.parameters()
+    )  # 0.weight 96 B, 0.bias 24, 1.weight 48, 1.bias 16
+    plan = hvd_optimizer.plan_fusion_buffers
+    reverse = params[::-1]
+    assert plan(params, 0) == [[p] for p in reverse]  # one buffer per gradient
+    assert plan(params, 128 * MiB) == [reverse]  # everything fits in one
+    assert plan(params, 64) == [reverse[:2], [reverse[2]], [reverse[3]]]
+    assert plan(params, 88) == [reverse[:3], [reverse[3]]]  # 16+48+24 = 88: full
+    mixed = [params[0], params[1].float()]  # another dtype starts another buffer
+    assert plan(mixed, 128 * MiB) == [[mixed[1]], [mixed[0]]]
+
+
+def test_buffers_wait_for_a_missing_gradient_and_go_in_their_fixed_order(one_rank):
+    """On a batch that does not take the branch, ``extra`` (registered last, so
+    first in the layout) gets no gradient: nothing may be sent before it, and at
+    step() it is sent first, as zeros, then the rest in the layout's order."""
+    model = sometimes_unused_model(torch.float64)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        fusion_threshold_mb=0,
+    )
+    X, y = hard_case_data(dtype=torch.float64)
+    keep = X[:, 0] <= 1.5  # no sample takes the branch
+    torch.nn.functional.cross_entropy(model(X[keep]), y[keep]).backward()
+    assert model.extra.weight.grad is None
+    assert optimizer.fusions == []  # head's gradients wait behind extra's buffers
+    optimizer.step()
+    layout = ["extra.bias", "extra.weight", "head.bias", "head.weight"]
+    assert [f.names for f in optimizer.last_fusions] == [[n] for n in layout]
+    assert torch.equal(model.extra.weight.grad, torch.zeros_like(model.extra.weight))
+    assert model.head.weight.grad.abs().sum() > 0

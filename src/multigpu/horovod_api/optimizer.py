@@ -5,10 +5,15 @@ backward runs (12).
 background thread; every cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default, 5 ms
 before 0.21) the ranks agree, rank 0 coordinating, which tensors are ready on all of
 them, and those are fused into one buffer of at most the threshold. Here there is
-no thread and no clock: gradients go into a fusion buffer in the order backward
-produces them, and a buffer is sent when the next gradient would not fit. So, as
-with DDP, every rank must compute the same parameters' gradients in the same order
-(the same model; a parameter without a gradient is sent as zeros at the end).
+no thread, no clock and no coordinator, so the ranks agree in advance instead: the
+fusion buffers are laid out once, when the optimizer is built (the trainable
+parameters in reverse order of registration, as DDP's first buckets, filled up to
+the threshold), and every rank sends them in that order, each as soon as all its
+gradients have arrived and the buffers before it have gone. A parameter that got no
+gradient on this rank (a branch of forward that this rank's batch did not take) is
+sent as zeros at :meth:`DistributedOptimizer.synchronize`, as Horovod and DDP's
+``find_unused_parameters=True`` do, so every rank sends the same buffers, of the
+same sizes, in the same order.
 """
 
 from __future__ import annotations
@@ -40,22 +45,55 @@ class Fusion:
     params: list[nn.Parameter]
     buffer: torch.Tensor  # (total elements,): the gradients, flat, then their sum
     work: Any  # the running all-reduce (a torch.distributed Work)
-    # Parameters whose gradient had not reached a fusion buffer when this all-reduce
-    # started: more than 0 means it started while backward was still computing.
+    # Parameters whose gradient was not ready yet when this all-reduce started: more
+    # than 0 means it started while backward was still computing.
     gradients_to_come: int
+
+
+def plan_fusion_buffers(
+    params: list[nn.Parameter], threshold_bytes: float
+) -> list[list[nn.Parameter]]:
+    """The fusion buffers, fixed in advance: ``params`` in reverse order (backward
+    computes the last layers' gradients first), filled in that order up to
+    ``threshold_bytes``. A gradient that would not fit starts the next buffer, as
+    does one of another dtype or device; a buffer that reaches the threshold is
+    closed, so ``threshold_bytes=0`` gives one buffer per gradient. Every rank
+    computes the same list from the same model (12)."""
+    buffers: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
+    current_bytes = 0
+    for param in reversed(params):
+        nbytes = param.numel() * param.element_size()
+        if current:
+            first = current[0]
+            too_big = current_bytes + nbytes > threshold_bytes
+            if too_big or (param.dtype, param.device) != (first.dtype, first.device):
+                buffers.append(current)
+                current, current_bytes = [], 0
+        current.append(param)
+        current_bytes += nbytes
+        if current_bytes >= threshold_bytes:
+            buffers.append(current)
+            current, current_bytes = [], 0
+    if current:
+        buffers.append(current)
+    return buffers
 
 
 class DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op=Average``)
     or summed (``Sum``) over the ranks, like ``hvd.DistributedOptimizer`` (12).
 
-    A hook on each parameter (``register_post_accumulate_grad_hook``) hands its
-    gradient to the open fusion buffer as soon as backward has computed it. When
-    the next gradient would not fit in ``fusion_threshold_mb`` (MiB, as Horovod's
-    ``--fusion-threshold-mb``; 0: every gradient alone), the buffer is sent with one
-    ``dist.all_reduce(async_op=True)`` while backward goes on. :meth:`synchronize`
-    sends the rest, waits, divides by the size (``Average``) and copies the results
-    into ``.grad``; :meth:`step` calls it, then the wrapped optimizer's ``step()``.
+    The fusion buffers are laid out when it is built (:func:`plan_fusion_buffers`:
+    at most ``fusion_threshold_mb`` MiB each, as Horovod's ``--fusion-threshold-mb``;
+    0: every gradient alone). A hook on each parameter
+    (``register_post_accumulate_grad_hook``) marks its gradient ready as soon as
+    backward has computed it; the next buffer whose gradients are all ready is sent
+    with one ``dist.all_reduce(async_op=True)`` while backward goes on, buffers in
+    their fixed order (the last one, unless full, at :meth:`synchronize`).
+    :meth:`synchronize` fills the gradients that never came with zeros, sends the
+    rest, waits, divides by the size (``Average``) and copies the results into
+    ``.grad``; :meth:`step` calls it, then the wrapped optimizer's ``step()``.
     With ``backward_passes_per_step=k`` the gradients of k backward passes
     accumulate in ``.grad`` and are sent during the k-th (scale each loss by 1/k
     for the mean). ``named_parameters`` names the gradients (in :attr:`fusions`);
@@ -101,9 +139,16 @@ class DistributedOptimizer:
                     "the model whose parameters the optimizer updates."
                 )
         self._passes = {id(p): 0 for p in self._params}  # backward passes this step
-        self._sent: set[int] = set()  # params whose gradient is in a fusion buffer
-        self._pending: list[nn.Parameter] = []  # the open fusion buffer's params
-        self._pending_bytes = 0
+        # The fusion buffers, the same on every rank; the next one to send.
+        self._layout = plan_fusion_buffers(self._params, self.threshold_bytes)
+        self._next_fusion = 0
+        last = self._layout[-1] if self._layout else []
+        # The last buffer is sent during backward only if it is full; otherwise, as
+        # when the next gradient would not fit, at synchronize() (none follows it).
+        self._last_is_full = (
+            sum(p.numel() * p.element_size() for p in last) >= self.threshold_bytes
+        )
+        self._ready: set[int] = set()  # params whose gradient is final this step
         self._synchronized = False  # synchronize() ran since the last step
         self.fusions: list[Fusion] = []  # this step's all-reduces, started so far
         self.last_fusions: list[Fusion] = []  # those of the last synchronize()
@@ -124,33 +169,30 @@ class DistributedOptimizer:
                 "backward_passes_per_step equal to the micro-batches of a step."
             )
         if self._passes[id(param)] == k:
-            self._add_to_fusion(param)
+            self._ready.add(id(param))
+            self._send_ready_fusions()
 
-    def _add_to_fusion(self, param: nn.Parameter) -> None:
-        if param.grad is None:  # no gradient on this rank: others may have one
-            param.grad = torch.zeros_like(param)
-        grad = param.grad
-        nbytes = grad.numel() * grad.element_size()
-        if self._pending:
-            first = self._pending[0].grad
-            too_big = self._pending_bytes + nbytes > self.threshold_bytes
-            if too_big or (grad.dtype, grad.device) != (first.dtype, first.device):
-                self._send_fusion()
-        self._pending.append(param)
-        self._pending_bytes += nbytes
-        self._sent.add(id(param))
-        if self._pending_bytes >= self.threshold_bytes:
-            self._send_fusion()
+    def _send_ready_fusions(self, finished: bool = False) -> None:
+        """Send the next buffers of the layout, in order, while all their gradients
+        are ready: every rank starts the same all-reduces in the same order. The
+        last buffer waits for ``finished`` (synchronize()) unless it is full."""
+        last = len(self._layout) - 1
+        while self._next_fusion < len(self._layout):
+            params = self._layout[self._next_fusion]
+            if not all(id(p) in self._ready for p in params):
+                return
+            if self._next_fusion == last and not (finished or self._last_is_full):
+                return
+            self._send_fusion(params)
+            self._next_fusion += 1
 
-    def _send_fusion(self) -> None:
-        """Start the all-reduce (a sum) of the open buffer's gradients, no wait."""
-        params = self._pending
+    def _send_fusion(self, params: list[nn.Parameter]) -> None:
+        """Start the all-reduce (a sum) of ``params``' gradients, no wait."""
         buffer = torch.cat([p.grad.reshape(-1) for p in params])
         work = dist.all_reduce(buffer, async_op=True)
         names = [self._names[id(p)] for p in params]
-        to_come = len(self._params) - len(self._sent)
+        to_come = len(self._params) - len(self._ready)
         self.fusions.append(Fusion(names, params, buffer, work, to_come))
-        self._pending, self._pending_bytes = [], 0
 
     # -- after backward ----------------------------------------------------------
     def synchronize(self) -> None:
@@ -158,10 +200,11 @@ class DistributedOptimizer:
         ``backward_passes_per_step`` passes), wait for every all-reduce and leave
         the result in each ``.grad`` (12)."""
         for p in self._params:
-            if id(p) not in self._sent:
-                self._add_to_fusion(p)
-        if self._pending:
-            self._send_fusion()
+            if id(p) not in self._ready:
+                if p.grad is None:  # no gradient on this rank: others may have one
+                    p.grad = torch.zeros_like(p)
+                self._ready.add(id(p))
+        self._send_ready_fusions(finished=True)
         for fusion in self.fusions:
             fusion.work.wait()
             if self.op == Average:
@@ -171,7 +214,8 @@ class DistributedOptimizer:
                 p.grad.copy_(fusion.buffer[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.last_fusions, self.fusions = self.fusions, []
-        self._sent.clear()
+        self._ready.clear()
+        self._next_fusion = 0
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 
@@ -208,7 +252,7 @@ class DistributedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``; also starts the count of backward
         passes again. Refused while gradients are being all-reduced (12)."""
-        if self._sent:
+        if self._ready:
             raise BackwardPassesError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step(): the gradients' all-reduces are under way, and "

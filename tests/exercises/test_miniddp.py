@@ -1,12 +1,16 @@
 """The checker of notebook 10's exercise (multigpu.exercises.miniddp.check_wrapper):
-it passes a right bucketed DDP, names each mistake, and refuses classes the ranks
-cannot import."""
+it passes a right bucketed DDP, names each mistake (the wrong classes are in
+tests/exercises/wrong_miniddp.py), refuses a class that leaves the asked-for methods
+to BucketedDDP, and refuses classes the ranks cannot import."""
+
+import re
 
 import pytest
 
 from multigpu import miniddp
 from multigpu.core.train import TrainConfig
 from multigpu.exercises.miniddp import check_wrapper
+from tests.exercises import wrong_miniddp as wrong
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch
 CONFIG = TrainConfig(epochs=2, batch_size=16, lr=0.2, momentum=0.5, seed=3)
@@ -17,72 +21,79 @@ def problem(convnet_problem):
     return convnet_problem(NUM_SAMPLES)
 
 
-SOLUTION = """
-import torch.distributed as dist
-from multigpu.miniddp import BucketedDDP
-
-
-class MyDDP(BucketedDDP):
-    def gradient_ready(self, param):
-        bucket, i = self._bucket_of[id(param)]
-        view = bucket.buffer[bucket.offsets[i] : bucket.offsets[i] + param.numel()]
-        view.copy_(param.grad.reshape(-1)){divide}
-        bucket.waiting.discard(id(param))
-        if not bucket.waiting:
-            {launch}
-
-    def synchronize(self):
-        for bucket in self.buckets:
-            {finish}
-"""
-
-
-DIVIDE = ".div_(self.world_size)"
-
-
-LAUNCH = "bucket.work = dist.all_reduce(bucket.buffer, async_op=True)"
-
-
-COPY_BACK = """
-            for p, offset in zip(bucket.params, bucket.offsets):
-                p.grad.copy_(bucket.buffer[offset : offset + p.numel()].view_as(p))"""
-
-
-RIGHT = {"divide": DIVIDE, "launch": LAUNCH, "finish": "bucket.work.wait()" + COPY_BACK}
-
-
-@pytest.fixture
-def learner_module():
-    from multigpu.runtime import scratch
-
-    yield lambda source: scratch.write_module("learner_ddp", source).MyDDP
-    scratch.clean_up()
-
-
-def test_check_wrapper_passes_a_right_bucketed_ddp(problem, learner_module):
-    MyDDP = learner_module(SOLUTION.format(**RIGHT))
-    passed, message = check_wrapper(MyDDP, *problem, CONFIG)
+def test_check_wrapper_passes_a_right_bucketed_ddp(problem):
+    passed, message = check_wrapper(wrong.RightDDP, *problem, CONFIG)
     assert passed, message
-    assert message.startswith("PASS: MyDDP trains like one process")
+    assert message.startswith("PASS: RightDDP trains like one process")
 
 
 @pytest.mark.parametrize(
-    "mistake, expected",
+    "wrapper, expected",
     [
-        ({"finish": "bucket.work.wait()"}, "FAIL: the 2 ranks ended with different"),
-        ({"divide": ""}, "FAIL: the ranks agree, but end"),
+        (wrong.NoCopyBackDDP, "FAIL: the 2 ranks ended with different"),
+        (wrong.NoDivisionDDP, "FAIL: the ranks agree, but end"),
+        (wrong.AtTheEndDDP, "FAIL: the weights are right, but no all-reduce had"),
         (
-            {"launch": "pass", "finish": "dist.all_reduce(bucket.buffer)" + COPY_BACK},
-            "FAIL: the weights are right, but no all-reduce had started",
+            wrong.NeverSentDDP,
+            "FAIL: synchronize found a bucket whose all-reduce was never started "
+            "(bucket.work is None). In gradient_ready, remove each parameter from "
+            "bucket.waiting once its gradient is in, and start the all-reduce when "
+            "bucket.waiting is empty.",
         ),
     ],
-    ids=["no copy back", "no division", "all-reduces at the end"],
+    ids=["no copy back", "no division", "all-reduces at the end", "never sent"],
 )
-def test_check_wrapper_names_the_mistake(problem, learner_module, mistake, expected):
-    MyDDP = learner_module(SOLUTION.format(**{**RIGHT, **mistake}))
-    passed, message = check_wrapper(MyDDP, *problem, CONFIG)
+def test_check_wrapper_names_the_mistake(problem, wrapper, expected):
+    passed, message = check_wrapper(wrapper, *problem, CONFIG)
     assert not passed
     assert message.startswith(expected)
+
+
+def test_check_wrapper_reports_an_error_on_a_rank_as_a_fail(problem):
+    passed, message = check_wrapper(wrong.NoReshapeDDP, *problem, CONFIG)
+    assert not passed
+    assert re.fullmatch(
+        r"FAIL: your class raised on rank [01]: RuntimeError: The size of tensor a "
+        r"\(\d+\) must match the size of tensor b \(\d+\) at non-singleton "
+        r"dimension \d\. Fix that error in the %%module cell, run it again, then "
+        r"this cell\.",
+        message,
+    ), message
+
+
+@pytest.mark.parametrize(
+    "wrapper, expected",
+    [
+        (
+            wrong.EmptyDDP,
+            "FAIL: EmptyDDP does not define gradient_ready and synchronize, so it "
+            "runs BucketedDDP's own, the answer, and this check would test that "
+            "instead of your code. Write gradient_ready and synchronize in "
+            "EmptyDDP's class body.",
+        ),
+        (
+            wrong.OnlySynchronizeDDP,
+            "FAIL: OnlySynchronizeDDP does not define gradient_ready, so it runs "
+            "BucketedDDP's own, the answer, and this check would test that instead "
+            "of your code. Write gradient_ready in OnlySynchronizeDDP's class body.",
+        ),
+        (
+            wrong.SuperDDP,
+            "FAIL: SuperDDP.gradient_ready calls BucketedDDP's own gradient_ready "
+            "(through super() or BucketedDDP.gradient_ready), the answer, instead "
+            "of doing the work itself. Write its body with the bucket's fields.",
+        ),
+        (
+            wrong.BaseCallDDP,
+            "FAIL: BaseCallDDP.synchronize calls BucketedDDP's own synchronize "
+            "(through super() or BucketedDDP.synchronize), the answer, instead of "
+            "doing the work itself. Write its body with the bucket's fields.",
+        ),
+    ],
+    ids=["empty subclass", "only synchronize", "super()", "BucketedDDP.synchronize"],
+)
+def test_check_wrapper_refuses_the_reference_s_own_methods(problem, wrapper, expected):
+    assert check_wrapper(wrapper, *problem, CONFIG) == (False, expected)
 
 
 def test_check_wrapper_refuses_classes_the_ranks_cannot_import(problem):

@@ -11,7 +11,32 @@ from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import TrainConfig
 from multigpu.miniddp import BucketedDDP
 from multigpu.ranks.miniddp import probe_rank
-from multigpu.runtime.launch import spawn
+from multigpu.runtime.launch import WorkerError, spawn
+
+ASKED_FOR = ("gradient_ready", "synchronize")  # what the exercise asks the learner for
+
+
+def not_written(wrapper: type) -> str | None:
+    """Why ``wrapper`` would run :class:`BucketedDDP`'s own ``gradient_ready`` or
+    ``synchronize`` instead of the learner's (a FAIL message), or None (10)."""
+    name = wrapper.__name__
+    missing = [m for m in ASKED_FOR if getattr(wrapper, m) is getattr(BucketedDDP, m)]
+    if missing:
+        return (
+            f"FAIL: {name} does not define {' and '.join(missing)}, so it runs "
+            f"BucketedDDP's own, the answer, and this check would test that instead "
+            f"of your code. Write {' and '.join(missing)} in {name}'s class body."
+        )
+    for method in ASKED_FOR:
+        code = getattr(getattr(wrapper, method), "__code__", None)
+        names = code.co_names if code is not None else ()
+        if "super" in names or method in names:
+            return (
+                f"FAIL: {name}.{method} calls BucketedDDP's own {method} (through "
+                f"super() or BucketedDDP.{method}), the answer, instead of doing the "
+                "work itself. Write its body with the bucket's fields."
+            )
+    return None
 
 
 def check_wrapper(
@@ -26,7 +51,9 @@ def check_wrapper(
     own ``gradient_ready`` and ``synchronize``, train like one process on the global
     batch, and start each bucket's all-reduce during backward? (passed, what to
     fix) (10). ``wrapper`` must live in a module the ranks can import (a
-    ``%%module`` cell)."""
+    ``%%module`` cell). A class that leaves either method to BucketedDDP's own
+    (inherited, or called through ``super()``) fails before any rank starts; an
+    exception on a rank fails with what to fix."""
     if not (isinstance(wrapper, type) and issubclass(wrapper, BucketedDDP)):
         raise TypeError(
             f"check_wrapper needs a subclass of BucketedDDP, got {wrapper!r}. Write "
@@ -37,8 +64,16 @@ def check_wrapper(
             f"{wrapper.__name__} is defined in the notebook, so the ranks cannot "
             "import it. Write it in a %%module cell and import it from there."
         )
+    failure = not_written(wrapper)
+    if failure:
+        return False, failure
     reference = train_single_process(model, X, y, config)
-    results = spawn(probe_rank, world_size, wrapper, model, X, y, config, timeout=60.0)
+    try:
+        results = spawn(
+            probe_rank, world_size, wrapper, model, X, y, config, timeout=60.0
+        )
+    except WorkerError as error:
+        return False, rank_failure(error)
     first = results[0]
     if any(
         max_parameter_difference(r["run"].parameters, first["run"].parameters) > 0
@@ -69,4 +104,23 @@ def check_wrapper(
         f"PASS: {wrapper.__name__} trains like one process on the global batch on "
         f"{world_size} ranks, and sent {started[-2]} of {first['buckets']} buckets "
         "before backward ended."
+    )
+
+
+def rank_failure(error: WorkerError) -> str:
+    """A FAIL message for a learner's class that raised on a rank; a launch that
+    failed otherwise (a rank died) re-raises (10)."""
+    if not error.traceback or error.exitcode is not None:
+        raise error
+    if "'NoneType' object has no attribute 'wait'" in error.traceback:
+        return (
+            "FAIL: synchronize found a bucket whose all-reduce was never started "
+            "(bucket.work is None). In gradient_ready, remove each parameter from "
+            "bucket.waiting once its gradient is in, and start the all-reduce when "
+            "bucket.waiting is empty."
+        )
+    last = error.traceback.strip().splitlines()[-1]
+    return (
+        f"FAIL: your class raised on rank {error.rank}: {last}. Fix that error in "
+        "the %%module cell, run it again, then this cell."
     )

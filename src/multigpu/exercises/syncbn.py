@@ -1,0 +1,85 @@
+"""The checker of notebook 09b's SyncBatchNorm exercise, where the learner combines
+every rank's per-channel (count, mean, M2) into the global batch's mean and
+variance (09b)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def per_rank_statistics(
+    shards: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(counts (R,), means (R, C), m2s (R, C))`` of shards (n_r, C), one per rank,
+    as each rank computes them before the exchange; an empty shard has count 0 and
+    mean 0 (09b)."""
+    counts = torch.tensor([len(x) for x in shards], dtype=shards[0].dtype)
+    means = torch.stack([x.sum(0) / max(len(x), 1) for x in shards])
+    m2s = torch.stack([((x - m) ** 2).sum(0) for x, m in zip(shards, means)])
+    return counts, means, m2s
+
+
+def _shards(dtype: torch.dtype, offset: float) -> list[torch.Tensor]:
+    """Three ranks with 5, 0 and 11 samples of 3 channels, each rank's own spread."""
+    generator = torch.Generator().manual_seed(0)
+    sizes, shifts = (5, 0, 11), (0.0, 0.0, 3.0)
+    return [
+        (
+            offset + shift + torch.randn(n, 3, generator=generator, dtype=torch.float64)
+        ).to(dtype)
+        for n, shift in zip(sizes, shifts)
+    ]
+
+
+def check_combine(combine: Callable) -> tuple[bool, str]:
+    """Does ``combine(counts, means, m2s)`` return the global ``(mean, var)`` per
+    channel, ``var`` the biased variance BatchNorm normalises with, in float64 and
+    in float32 with a large mean? (passed, what to fix) (09b)."""
+    for dtype, offset, tolerance in (
+        (torch.float64, 0.0, 1e-12),
+        (torch.float32, 1e4, 1e-3),
+    ):
+        shards = _shards(dtype, offset)
+        whole = torch.cat(shards).double()
+        var, mean = torch.var_mean(whole, dim=0, correction=0)
+        n = len(whole)
+        got_mean, got_var = (t.double() for t in combine(*per_rank_statistics(shards)))
+        if (got_mean - mean).abs().max() > tolerance * max(1.0, offset):
+            return False, (
+                "FAIL: the mean is not the global batch's: with ranks of 5, 0 and 11 "
+                "samples, the mean of the ranks' means weighs them equally. Weigh "
+                "each rank's mean by its count: sum(counts * means) / sum(counts)."
+            )
+        if torch.allclose(got_var, var * n / (n - 1), rtol=tolerance, atol=0):
+            return False, (
+                "FAIL: your variance divides by N - 1 (unbiased). BatchNorm "
+                "normalises with the biased variance: divide the total M2 by N "
+                "(the unbiased one, times N / (N - 1), is only for running_var)."
+            )
+        if torch.allclose(got_var, var, rtol=tolerance, atol=0):
+            continue
+        within = per_rank_statistics(shards)[2].sum(0)  # each rank's own M2
+        if torch.allclose(got_var, within.double() / n, rtol=1e-3, atol=0):
+            return False, (
+                "FAIL: your variance adds only each rank's M2, the spread around its "
+                "own mean. Add the spread of the ranks' means around the global "
+                "mean too: M2 = sum(m2s + counts * (means - mean) ** 2)."
+            )
+        if dtype == torch.float32:
+            return False, (
+                "FAIL: right in float64, but in float32 with values near 1e4 your "
+                f"variance is {got_var.min().item():.3g} instead of about "
+                f"{var.min().item():.3g}: E[x²] - mean² cancels (two numbers near "
+                "1e8 whose difference is about 1). Combine the M2s: "
+                "sum(m2s + counts * (means - mean) ** 2) / N."
+            )
+        return False, (
+            "FAIL: the mean is right, but the variance is not the global batch's. "
+            "Use var = sum(m2s + counts * (means - mean) ** 2) / sum(counts)."
+        )
+    return True, (
+        "PASS: the global mean and biased variance, with ranks of 5, 0 and 11 "
+        "samples, in float64 and in float32 around 1e4."
+    )

@@ -188,3 +188,34 @@ def api_rank(rank_: int, world_size: int) -> dict[str, Any]:
     init()  # spawn's group is still there
     result["after_init_again"] = is_initialized()
     return result
+
+
+def resume_rank(rank_: int, world_size: int, broadcast_optimizer: bool) -> bool:
+    """A resume as the walk-through wrote it: only rank 0 restores the checkpoint
+    (weights and SGD momentum), then the weights are broadcast, and the optimizer
+    state too if ``broadcast_optimizer``; one more step; do all ranks still hold
+    the same weights? (12)"""
+    init()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    X = torch.randn(8, 4, dtype=torch.float64)
+    y = torch.randn(8, 1, dtype=torch.float64)
+    if rank() == 0:  # the checkpoint: one earlier step left momentum behind
+        nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+    broadcast_parameters(model.state_dict(), root_rank=0)
+    if broadcast_optimizer:
+        broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters()
+    )
+    optimizer.zero_grad()
+    shard = slice(rank() * 8 // size(), (rank() + 1) * 8 // size())
+    nn.functional.mse_loss(model(X[shard]), y[shard]).backward()
+    optimizer.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(weights) for _ in range(size())]
+    dist.all_gather(gathered, weights)
+    shutdown()
+    return all(torch.equal(gathered[0], other) for other in gathered[1:])

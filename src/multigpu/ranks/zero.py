@@ -242,3 +242,54 @@ def collectives_rank(
             row["dist.all_gather_single"] = expected
         rows.append(row)
     return rows
+
+
+def _refuse_default_mesh(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(
+        "fully_shard was called without mesh=: it would pick a mesh of the "
+        "machine's accelerator (CUDA where there is a GPU), not the CPU."
+    )
+
+
+def fsdp2_exercise_rank(
+    rank: int,
+    world_size: int,
+    rank_function: Any,
+    model: nn.Module,
+    fresh: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    checkpoint_dir: str,
+) -> dict[str, Any]:
+    """Rank function of 13's FSDP2 checker: the learner's ``rank_function(rank,
+    world_size, model, fresh, X, y, config, checkpoint_dir)``, with ``fully_shard``
+    refusing to choose a mesh itself (torch's default would be the accelerator's).
+    Returns, for "model" and "fresh": which Linears and whether the root are FSDP
+    modules, and the full weights (gathered where sharded) (13)."""
+    import importlib
+
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    # torch 2.14: fully_shard(mesh=None) calls this module's _init_default_mesh.
+    module = importlib.import_module("torch.distributed.fsdp._fully_shard._fully_shard")
+    module._init_default_mesh = _refuse_default_mesh  # type: ignore[attr-defined]
+    rank_function(rank, world_size, model, fresh, X, y, config, checkpoint_dir)
+    report = {}
+    for key, network in (("model", model), ("fresh", fresh)):
+        report[key] = {
+            "root sharded": isinstance(network, FSDPModule),
+            "layers sharded": [
+                isinstance(layer, FSDPModule)
+                for layer in network.modules()
+                if isinstance(layer, nn.Linear)
+            ],
+            "parameters": {
+                name: (p.full_tensor() if isinstance(p, DTensor) else p)
+                .detach()
+                .clone()
+                for name, p in network.named_parameters()
+            },
+        }
+    return report

@@ -7,7 +7,10 @@ A caller (a script, or a real Jupyter kernel) calls ``launch.spawn`` on
 ``record_pid_and_spin_rank`` (``bench/ranks.py``): each rank writes its pid to a file,
 then spins at full CPU forever, outside any collective, with no deadline. Once every
 rank has started, the caller is killed by a signal that gives it no chance to clean up
-(SIGKILL; SIGTERM, which Python does not handle by default). The table gives the seconds
+(SIGKILL; SIGTERM, which Python does not handle by default). Two more rows kill a
+script by SIGKILL while no Python can run in a rank: its ranks sit in one long C call
+that holds the GIL (``hold_the_gil_rank``), or rank 0 is stopped (SIGSTOP). The
+table gives the seconds
 from the kill to the exit of the last rank, and to the exit of the last process the
 caller had started (ranks, forkserver, resource tracker), and how many were left after
 the wait: that must be 0 (see docs/launch.md, "If the caller itself dies"). Anything
@@ -41,13 +44,17 @@ import sys
 
 sys.path.insert(0, {str(ROOT)!r})  # the ranks inherit it: they import bench.ranks
 
+from bench.ranks import hold_the_gil_rank
 from bench.ranks import record_pid_and_spin_rank
 from multigpu.runtime import launch
 
 if __name__ == "__main__":
-    pid_dir, world_size = sys.argv[1], int(sys.argv[2])
-    launch.spawn(record_pid_and_spin_rank, world_size, pid_dir, deadline=None)
+    pid_dir, world_size, rank = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    worker = hold_the_gil_rank if rank == "gil" else record_pid_and_spin_rank
+    launch.spawn(worker, world_size, pid_dir, deadline=None)
 """
+# What the ranks do when the caller is killed: kill_a_script's ``ranks``.
+SPINNING, HOLDING_THE_GIL, STOPPED = "spinning", "holding the GIL", "rank 0 stopped"
 
 
 @dataclass
@@ -122,14 +129,20 @@ def _kill_and_watch(
     return result
 
 
-def kill_a_script(how: signal.Signals, workdir: Path, world_size: int = 2) -> Orphans:
-    """A script calls spawn; kill the script with ``how`` once the ranks run."""
+def kill_a_script(
+    how: signal.Signals, workdir: Path, world_size: int = 2, ranks: str = SPINNING
+) -> Orphans:
+    """A script calls spawn; kill the script with ``how`` once the ranks run.
+
+    ``ranks``: what they do then: SPINNING (a Python loop), HOLDING_THE_GIL (one
+    endless C call), or STOPPED (they spin and rank 0 got SIGSTOP)."""
     script, pid_dir = workdir / "caller.py", workdir / "pids"
     script.write_text(SCRIPT)
     pid_dir.mkdir()
+    kind = "gil" if ranks == HOLDING_THE_GIL else "spin"
     with open(workdir / "caller.log", "w") as log:
         caller = subprocess.Popen(
-            [sys.executable, str(script), str(pid_dir), str(world_size)],
+            [sys.executable, str(script), str(pid_dir), str(world_size), kind],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # no terminal signal reaches it by accident
@@ -141,8 +154,13 @@ def kill_a_script(how: signal.Signals, workdir: Path, world_size: int = 2) -> Or
                 return ""
             return (workdir / "caller.log").read_text()
 
-        ranks = _wait_for_pids(pid_dir, world_size, failed)
-        result = _kill_and_watch(caller.pid, how, ranks, f"script, {how.name}")
+        pids = _wait_for_pids(pid_dir, world_size, failed)
+        label = f"script, {how.name}"
+        if ranks == STOPPED:
+            os.kill(pids[0], signal.SIGSTOP)
+        if ranks != SPINNING:
+            label += f", {ranks}"
+        result = _kill_and_watch(caller.pid, how, pids, label)
     finally:
         if caller.poll() is None:
             caller.kill()
@@ -215,7 +233,7 @@ def main() -> None:
     python = sys.version.split()[0]
     print(f"{platform.node()}, {os.cpu_count()} CPU cores, Python {python}")
     header = (
-        f"{'caller killed':<26} {'ranks':>5} {'last rank gone s':>17} "
+        f"{'caller killed':<42} {'ranks':>5} {'last rank gone s':>17} "
         f"{'all gone s':>11} {'left':>5}"
     )
     print(header)
@@ -224,11 +242,15 @@ def main() -> None:
     runs.append(lambda d: kill_a_script(signal.SIGTERM, d, options.world_size))
     runs.append(lambda d: kill_a_kernel(d, options.world_size, signal.SIGKILL))
     runs.append(lambda d: kill_a_kernel(d, options.world_size, signal.SIGTERM))
+    for ranks in (HOLDING_THE_GIL, STOPPED):
+        runs.append(
+            lambda d, r=ranks: kill_a_script(signal.SIGKILL, d, options.world_size, r)
+        )
     for run in runs * options.repeats:
         with TemporaryDirectory() as workdir:
             result = run(Path(workdir))
         print(
-            f"{result.caller:<26} {len(result.ranks):>5} "
+            f"{result.caller:<42} {len(result.ranks):>5} "
             f"{_seconds(result.ranks_gone_s):>17} {_seconds(result.all_gone_s):>11} "
             f"{len(result.left):>5}",
             flush=True,

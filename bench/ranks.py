@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 
 def record_pid_and_spin_rank(rank: int, world_size: int, pid_dir: str) -> None:
@@ -15,3 +16,14 @@ def record_pid_and_spin_rank(rank: int, world_size: int, pid_dir: str) -> None:
     os.replace(f"{path}.tmp", path)  # whoever reads it never sees half a pid
     while True:
         pass
+
+
+def hold_the_gil_rank(rank: int, world_size: int, pid_dir: str) -> None:
+    """Write this process's pid as :func:`record_pid_and_spin_rank` does, then run one
+    regular expression that backtracks for years: a single C call that holds the
+    GIL, so no other thread of the rank (its lifeline) can run."""
+    path = os.path.join(pid_dir, f"rank{rank}.pid")
+    with open(f"{path}.tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(f"{path}.tmp", path)
+    re.match(r"(a+)+$", "a" * 64 + "!")  # 2**64 ways to split the a's: never ends

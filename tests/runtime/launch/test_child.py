@@ -1,6 +1,6 @@
 """Tests for the child side of spawn (multigpu.runtime.launch._child): what a rank
 started ends with it, its result is checked, and the ranks end when the caller of
-spawn dies, even by SIGKILL."""
+spawn dies, even by SIGKILL, even when no Python can run in them."""
 
 import importlib.util
 import signal
@@ -66,3 +66,14 @@ def test_ranks_end_when_the_script_that_called_spawn_is_killed(how, tmp_path):
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
 def test_ranks_end_when_the_jupyter_kernel_that_called_spawn_is_killed(how, tmp_path):
     _check_no_orphans(_orphans().kill_a_kernel(tmp_path, how=how))
+
+
+@pytest.mark.parametrize("ranks", ["HOLDING_THE_GIL", "STOPPED"])
+def test_ranks_end_when_the_caller_is_killed_while_no_python_runs_in_them(
+    ranks, tmp_path
+):
+    # The lifeline thread cannot run in a rank stopped by SIGSTOP, or in one C call
+    # that holds the GIL (a regular expression that backtracks for years).
+    orphans = _orphans()
+    state = getattr(orphans, ranks)
+    _check_no_orphans(orphans.kill_a_script(signal.SIGKILL, tmp_path, ranks=state))

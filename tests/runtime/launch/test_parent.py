@@ -3,15 +3,18 @@ arguments, its warnings, launches at once."""
 
 import os
 import sys
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
+from multigpu.core.units import GiB, MiB
 from multigpu.ranks import collectives as collective_ranks
 from multigpu.runtime import launch
 from multigpu.runtime.launch import (
+    DeadlineExceededError,
     parent,
     run_torchrun,
     spawn,
@@ -116,6 +119,51 @@ def test_far_more_ranks_than_cores_gives_a_warning(monkeypatch):
         warnings.simplefilter("always")
         spawn(collective_ranks.whoami_rank, 4)  # 4 per core: no warning
     assert not [w for w in seen if "per core" in str(w.message)]
+
+
+def test_more_ranks_than_the_machine_can_start_are_refused_before_any_starts(
+    monkeypatch, no_leftovers
+):
+    monkeypatch.setattr(parent, "MAX_RANKS", 3)
+    with pytest.raises(ValueError) as caught:
+        spawn(collective_ranks.whoami_rank, 4)
+    assert str(caught.value) == (
+        "world_size=4 is more ranks than spawn starts on this machine: at most 3 "
+        "(multigpu.runtime.launch.parent.MAX_RANKS: 32 per CPU core, one per 64 MiB "
+        "of memory). Use fewer ranks, or raise MAX_RANKS if you mean it."
+    )
+    assert len(spawn(collective_ranks.whoami_rank, 3)) == 3
+
+
+def test_a_billion_ranks_are_refused_at_once():
+    # It used to fork until the memory ran out (the deadline bounds it if not).
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"^world_size=1000000000 is more ranks than "):
+        spawn(collective_ranks.whoami_rank, 10**9, deadline=2.0)
+    assert time.monotonic() - started < 2.0
+
+
+def test_the_limit_on_ranks_comes_from_the_cores_and_the_memory():
+    assert parent.max_ranks(2, 64 * GiB) == 64  # 32 per core
+    assert parent.max_ranks(16, 4 * GiB) == 64  # one per 64 MiB
+    assert parent.max_ranks(3, None) == 96  # memory unknown
+    assert parent.max_ranks(1, 10 * MiB) == 1  # one rank, always
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert parent.MAX_RANKS == parent.max_ranks(os.cpu_count(), memory)
+
+
+def test_the_deadline_holds_from_the_first_fork(no_leftovers):
+    # A deadline that has passed before the first rank starts: no rank starts.
+    with pytest.raises(DeadlineExceededError) as caught:
+        spawn(collective_ranks.whoami_rank, 4, deadline=1e-6)
+    assert str(caught.value) == (
+        "The launch did not finish within its deadline of 1e-06 s: it had started "
+        "only 0 of 4 ranks. Every rank has been stopped. Starting ranks takes time "
+        "on a busy machine: use fewer ranks, or pass a larger deadline= (None for "
+        "no deadline)."
+    )
+    assert caught.value.missing_ranks == [0, 1, 2, 3]
+    assert caught.value.timed_out
 
 
 def test_nccl_with_more_ranks_than_gpus_is_refused():

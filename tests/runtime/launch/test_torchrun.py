@@ -1,17 +1,23 @@
 """Tests for multigpu.runtime.launch.torchrun: run_torchrun, exit_rank, and the
 torchrun example multigpu.ranks.torchrun_example."""
 
+import signal
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 from multigpu.ranks import torchrun_example
 from multigpu.runtime.launch import (
     TorchrunError,
     run_torchrun,
+    start_torchrun,
+    stop_torchrun,
 )
-from tests.runtime.launch.processes import descendants
+from tests.runtime.launch.processes import SLACK, descendants, gone
 
 
 def test_run_torchrun_returns_the_output_of_the_ranks(no_leftovers):
@@ -99,3 +105,97 @@ def test_run_torchrun_stops_a_run_that_takes_too_long():
     with pytest.raises(TorchrunError, match="did not finish within 0.5 s"):
         run_torchrun("multigpu.ranks.torchrun_example", 1, timeout=0.5)
     assert descendants() - before == set()
+
+
+RUN_TIMEOUT = 10.0  # run_torchrun's timeout in the tests of a stopped rank
+TRAINING = ("multigpu.ddp", 2, "--epochs", "50")  # far longer than RUN_TIMEOUT
+
+
+def _torchrun_started_by_this_process(within_s: float) -> psutil.Process:
+    give_up = time.monotonic() + within_s
+    while time.monotonic() < give_up:
+        for child in psutil.Process().children():
+            try:
+                if "torch.distributed.run" in child.cmdline():
+                    return child
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no torchrun started within {within_s} s")
+
+
+def _stop_a_rank(torchrun: psutil.Process, within_s: float) -> list[psutil.Process]:
+    """SIGSTOP the first rank torchrun starts; return torchrun's tree, the stopped
+    rank first."""
+    give_up = time.monotonic() + within_s
+    while time.monotonic() < give_up:
+        ranks = [
+            child
+            for child in torchrun.children()
+            if "multigpu.ddp" in child.cmdline()
+            and "torch.distributed.run" not in child.cmdline()
+        ]
+        if ranks:
+            ranks[0].suspend()  # SIGSTOP
+            others = torchrun.children(recursive=True)
+            return ranks[:1] + [p for p in others if p != ranks[0]] + [torchrun]
+        time.sleep(0.1)
+    raise AssertionError(f"torchrun started no rank within {within_s} s")
+
+
+def _left(processes: list[psutil.Process]) -> list[int]:
+    """The pids of ``processes`` still running (stopped counts); kill those, so a
+    failing test leaves nothing either."""
+    left = [process.pid for process in processes if not gone(process.pid, 1.0)]
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def test_the_timeout_of_run_torchrun_bounds_a_run_with_a_stopped_rank():
+    # A stopped rank holds torchrun's output pipes and never answers SIGTERM: the
+    # run must still end at the timeout, with every process it started.
+    outcome: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            run_torchrun(*TRAINING, timeout=RUN_TIMEOUT)
+        except TorchrunError as error:
+            outcome["error"] = str(error)
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    torchrun = _torchrun_started_by_this_process(RUN_TIMEOUT)
+    processes = _stop_a_rank(torchrun, RUN_TIMEOUT)
+    thread.join(RUN_TIMEOUT + SLACK)
+    returned = not thread.is_alive()
+    left = _left(processes)
+    thread.join(SLACK)  # the processes are gone: a run_torchrun that hung ends
+    assert returned, f"run_torchrun did not return within {RUN_TIMEOUT + SLACK} s"
+    assert outcome["error"] == (
+        "torchrun -m multigpu.ddp did not finish within 10.0 s and was stopped. "
+        "Raise timeout=, or look for a rank that never joins."
+    )
+    assert RUN_TIMEOUT <= outcome["seconds"] < RUN_TIMEOUT + SLACK
+    assert left == []
+
+
+def test_stop_torchrun_ends_a_stopped_rank_within_its_grace(tmp_path):
+    with open(tmp_path / "torchrun.log", "w") as log:
+        process = start_torchrun(*TRAINING, output=log)
+    try:
+        processes = _stop_a_rank(psutil.Process(process.pid), RUN_TIMEOUT)
+        started = time.monotonic()
+        stop_torchrun(process, grace=1.0)
+        seconds = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+    assert _left(processes) == []
+    assert seconds < 1.0 + SLACK

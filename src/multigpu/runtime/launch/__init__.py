@@ -17,8 +17,9 @@ the ranks run live in :mod:`multigpu.ranks`. The exact contract (timeouts,
 deadlines, errors, what happens when the caller dies) is in ``docs/launch.md``.
 Files: ``errors`` (the exceptions), ``parent`` (spawn), ``_child`` (what runs in
 each rank), ``_diagnosis`` (from what the parent saw to one error), ``_stderr``,
-``timeouts``, ``environment``, ``rank_functions`` (check_importable,
-in_one_launch), ``torchrun``.
+``_watchdog`` (kills the ranks when the caller dies), ``timeouts``,
+``environment``, ``rank_functions`` (check_importable, in_one_launch),
+``torchrun`` and ``_process_tree`` (what torchrun started, and how to end it).
 
 This package imports torch lazily, so that with "spawn" a child sets its thread
 limits before torch loads.
@@ -35,8 +36,10 @@ from multigpu.runtime.launch.errors import (
 )
 from multigpu.runtime.launch.parent import (
     DEFAULT_DEADLINE_S,
+    MAX_RANKS,
     RANKS_PER_CORE,
     START_METHOD,
+    max_ranks,
     spawn,
 )
 from multigpu.runtime.launch.rank_functions import check_importable, in_one_launch
@@ -56,6 +59,7 @@ from multigpu.runtime.launch.torchrun import (
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "HOST",
+    "MAX_RANKS",
     "NO_TIMEOUT",
     "RANKS_PER_CORE",
     "START_METHOD",
@@ -71,6 +75,7 @@ __all__ = [
     "is_communication_error",
     "is_timeout",
     "laptop_environment",
+    "max_ranks",
     "run_torchrun",
     "spawn",
     "start_torchrun",

@@ -237,3 +237,23 @@ def deadline_error(
     )
     error.__cause__ = RemoteTraceback(tb)
     return error
+
+
+def start_deadline_error(
+    started: int, world_size: int, deadline: float
+) -> DeadlineExceededError:
+    """The error for a deadline that passed while spawn was still starting ranks
+    (``started`` of ``world_size`` had started); the caller then stops them. No
+    rank had reported anything: all are missing, and ``rank`` is 0."""
+    message = (
+        f"The launch did not finish within its deadline of {deadline:g} s: it had "
+        f"started only {started} of {world_size} ranks. Every rank has been "
+        "stopped. Starting ranks takes time on a busy machine: use fewer ranks, or "
+        "pass a larger deadline= (None for no deadline)."
+    )
+    tb = f"The deadline passed before rank {started} was started.\n"
+    error = DeadlineExceededError(
+        message, 0, tb, deadline, missing_ranks=range(world_size)
+    )
+    error.__cause__ = RemoteTraceback(tb)
+    return error

@@ -13,10 +13,17 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from multigpu.core.units import MiB
 from multigpu.runtime.launch._checks import check_arguments, check_seconds
 from multigpu.runtime.launch._child import HOST, run_rank
-from multigpu.runtime.launch._diagnosis import Failure, deadline_error, failure_error
+from multigpu.runtime.launch._diagnosis import (
+    Failure,
+    deadline_error,
+    failure_error,
+    start_deadline_error,
+)
 from multigpu.runtime.launch._stderr import StderrTails
+from multigpu.runtime.launch._watchdog import Watchdog
 from multigpu.runtime.launch.environment import laptop_environment
 from multigpu.runtime.launch.rank_functions import check_importable
 from multigpu.runtime.launch.timeouts import as_timedelta
@@ -26,6 +33,11 @@ from multigpu.runtime.launch.timeouts import as_timedelta
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 DEFAULT_DEADLINE_S = 300.0  # spawn's default bound on a whole launch, in seconds
 RANKS_PER_CORE = 4  # more ranks than this per CPU core: spawn warns
+MAX_RANKS_PER_CORE = 32  # more than this per CPU core: spawn refuses (MAX_RANKS)
+# The memory one rank takes at the least: 12 MiB of its own and 67 MiB of shared
+# pages counted in proportion (PSS) for a gloo rank that has joined (2 cores, torch
+# 2.14). MAX_RANKS allows one rank per RANK_MEMORY of the machine's memory.
+RANK_MEMORY = 64 * MiB
 # After the first failure, how long to keep listening for the other ranks' reports,
 # so that the error shown is the root cause and not a peer's "connection reset".
 _FAILURE_GRACE_S = 0.5
@@ -62,6 +74,39 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def max_ranks(cores: int, memory: int | None) -> int:
+    """The most ranks spawn starts on a machine with ``cores`` CPU cores and
+    ``memory`` bytes of memory (None: unknown): MAX_RANKS_PER_CORE per core and one
+    per RANK_MEMORY. More would crawl far past any timeout, or exhaust the memory
+    (10**6 ranks took 15 GB in 18 s before this limit)."""
+    limit = MAX_RANKS_PER_CORE * cores
+    if memory is not None:
+        limit = min(limit, memory // RANK_MEMORY)
+    return max(1, limit)
+
+
+def _memory() -> int | None:
+    """The machine's physical memory in bytes, None where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+# The largest world_size spawn accepts on this machine; raise it if you mean it.
+MAX_RANKS = max_ranks(_cpu_count(), _memory())
+
+
+def _check_machine_can_start(world_size: int) -> None:
+    if world_size > MAX_RANKS:
+        raise ValueError(
+            f"world_size={world_size} is more ranks than spawn starts on this "
+            f"machine: at most {MAX_RANKS} (multigpu.runtime.launch.parent.MAX_RANKS: "
+            f"{MAX_RANKS_PER_CORE} per CPU core, one per {RANK_MEMORY // MiB} MiB of "
+            "memory). Use fewer ranks, or raise MAX_RANKS if you mean it."
+        )
+
+
 def _warn_if_crowded(world_size: int) -> None:
     """Warn when the ranks far outnumber the CPU cores: the launch would crawl."""
     cores = _cpu_count()
@@ -94,6 +139,7 @@ def spawn(
     start = time.monotonic()
     check_importable(worker)
     check_arguments(world_size, timeout, threads)
+    _check_machine_can_start(world_size)
     check_seconds("deadline", deadline, "no deadline")
     backend = _resolve_backend(backend, world_size)
     _warn_if_crowded(world_size)
@@ -120,11 +166,18 @@ def spawn(
     # Only this process ever holds the lifeline's write end: when it closes, because
     # spawn is done or because this process died, every rank ends (_watch_lifeline).
     lifeline_reader, lifeline_writer = context.Pipe(duplex=False)
+    # The lifeline needs Python to run in the rank; the watchdog kills the ranks
+    # even when it cannot (a rank stopped, or in a C call that holds the GIL).
+    watchdog = Watchdog()
     processes: list[mp.process.BaseProcess] = []
     readers: list[Connection] = []
     stderr = StderrTails()
+    deadline_at = None if deadline is None else start + deadline
     try:
         for rank in range(world_size):
+            if deadline_at is not None and time.monotonic() >= deadline_at:
+                assert deadline is not None
+                raise start_deadline_error(rank, world_size, deadline)
             reader, writer = context.Pipe(duplex=False)
             stderr_reader, stderr_writer = context.Pipe(duplex=False)
             process = context.Process(
@@ -137,13 +190,14 @@ def spawn(
             stderr.add(rank, stderr_reader)
             processes.append(process)
             process.start()
+            watchdog.watch(process.pid)
             writer.close()  # only the child holds it now: its exit shows as EOF
             stderr_writer.close()
         lifeline_reader.close()
-        deadline_at = None if deadline is None else start + deadline
         return _collect(processes, readers, stderr, timeout, deadline, deadline_at)
     finally:
         _end_all(processes)
+        watchdog.close()  # after _end_all: the ranks are reaped, their pids free
         lifeline_writer.close()
         lifeline_reader.close()
         stderr.pump()  # the last lines the ranks wrote

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import locale
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from multigpu.runtime.launch._checks import check_arguments
+from multigpu.runtime.launch._process_tree import descendants, kill_tree
 from multigpu.runtime.launch.environment import laptop_environment
 from multigpu.runtime.launch.errors import TorchrunError
+
+_POLL_S = 0.5  # run_torchrun: how often it notes the processes torchrun started
 
 
 def run_torchrun(
@@ -35,30 +41,30 @@ def run_torchrun(
     fails when another program holds P (09b shows it). ``options`` go to torchrun
     (``["--max-restarts=3"]``), ``rendezvous`` replaces ``--standalone`` with other
     rendezvous options, and ``env`` adds environment variables (11).
+
+    ``timeout`` bounds the whole run, ranks included: at the timeout torchrun and
+    every process it started are killed (SIGKILL; a stopped rank too), and so are
+    ranks that outlive torchrun. Its output goes to files, not pipes, so a rank
+    that holds them cannot make this wait.
     """
     check_arguments(nproc_per_node, timeout, threads)
-    process = start_torchrun(
-        module,
-        nproc_per_node,
-        *args,
-        threads=threads,
-        master_port=master_port,
-        options=options,
-        rendezvous=rendezvous,
-        env=env,
+    command, environment = _command(
+        module, nproc_per_node, args, threads, master_port, options, rendezvous, env
     )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_torchrun(process)
-        stdout, stderr = process.communicate()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = _popen(command, environment, out, err)
+        seen: set = set()  # torchrun's ranks: they leave its tree when it dies
+        try:
+            finished = _wait(process, timeout, seen)
+        finally:
+            kill_tree(process, seen)
+        stdout, stderr = _read(out), _read(err)
+    if not finished:
         raise TorchrunError(
             f"torchrun -m {module} did not finish within {timeout} s and was "
             "stopped. Raise timeout=, or look for a rank that never joins.",
             stdout + stderr,
-        ) from None
-    finally:
-        stop_torchrun(process)  # workers that outlived torchrun
+        )
     result = subprocess.CompletedProcess(
         process.args, process.returncode, stdout, stderr
     )
@@ -91,6 +97,25 @@ def start_torchrun(
     in a ``finally``.
     """
     check_arguments(nproc_per_node, None, threads)
+    command, environment = _command(
+        module, nproc_per_node, args, threads, master_port, options, rendezvous, env
+    )
+    to_file = output is not subprocess.PIPE
+    stderr = subprocess.STDOUT if to_file else subprocess.PIPE
+    return _popen(command, environment, output, stderr, text=True)
+
+
+def _command(
+    module: str,
+    nproc_per_node: int,
+    args: Sequence[Any],
+    threads: int,
+    master_port: int | None,
+    options: Sequence[str],
+    rendezvous: Sequence[str] | None,
+    env: Mapping[str, str] | None,
+) -> tuple[list[str], dict[str, str]]:
+    """torchrun's command line and environment."""
     if rendezvous is not None:
         rendezvous = [str(option) for option in rendezvous]
     elif master_port is None:
@@ -111,26 +136,64 @@ def start_torchrun(
     environment = laptop_environment(os.environ, sys.platform, torchrun=True)
     environment.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     environment.update(env or {})
-    to_file = output is not subprocess.PIPE
+    return command, environment
+
+
+def _popen(
+    command: list[str],
+    environment: dict[str, str],
+    stdout: Any,
+    stderr: Any,
+    text: bool = False,
+) -> subprocess.Popen:
     return subprocess.Popen(
         command,
-        stdout=output,
-        stderr=subprocess.STDOUT if to_file else subprocess.PIPE,
-        text=True,
+        stdout=stdout,
+        stderr=stderr,
+        text=text,
         env=environment,
         start_new_session=True,  # torchrun leads its own process group
     )
 
 
-def stop_torchrun(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """End a torchrun and every worker it started, and reap it (11).
+def _wait(process: subprocess.Popen, timeout: float | None, seen: set) -> bool:
+    """Wait for ``process`` to exit (True) or for ``timeout`` seconds (False),
+    noting in ``seen`` every process below it meanwhile."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        seen |= descendants(process.pid)
+        left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
+        if left <= 0:
+            return False
+        try:
+            process.wait(timeout=left)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
 
-    torchrun starts each worker in a session of its own, so killing torchrun's
-    process group does not reach them, and a SIGKILLed torchrun leaves them
-    running. So torchrun first gets SIGTERM, on which it stops its workers (SIGTERM,
-    then SIGKILL) and exits; only if it is still running after ``grace`` seconds is
-    its group killed.
+
+def _read(file: IO[bytes]) -> str:
+    """What a process wrote to ``file``, decoded as ``text=True`` would."""
+    file.seek(0)
+    text = file.read().decode(locale.getpreferredencoding(False), errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def stop_torchrun(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a torchrun and every worker it started, and reap it, within about
+    ``grace`` seconds (11).
+
+    torchrun first gets SIGTERM, on which it stops its workers (SIGTERM, which a
+    ``--snapshot`` rank handles, then SIGKILL after 30 s) and exits. After
+    ``grace`` seconds whatever is left is killed: torchrun, its group, and every
+    process below it (SIGKILL: a stopped rank, or one blocked in a collective
+    that cannot run its SIGTERM handler, too). torchrun starts each worker in a
+    session of its own, so killing its group alone would miss them; they are found
+    as its descendants before the SIGTERM. Ranks that outlived a torchrun that had
+    already died before this call cannot be found (run_torchrun notes them while
+    it runs).
     """
+    known = descendants(process.pid) if process.poll() is None else set()
     if process.poll() is None:
         try:
             process.send_signal(signal.SIGTERM)
@@ -139,18 +202,7 @@ def stop_torchrun(process: subprocess.Popen, grace: float = 10.0) -> None:
             pass
         except ProcessLookupError:
             pass
-    _kill_group(process.pid)
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-def _kill_group(pid: int) -> None:
-    if hasattr(os, "killpg"):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_tree(process, known)
 
 
 def exit_rank(code: int = 0) -> NoReturn:

@@ -362,3 +362,18 @@ def torch_ddp_buckets_rank(
         "names": [n for n, p in model.named_parameters() if p.requires_grad],
         "parameters": cpu_state_dict(ddp.module),
     }
+
+
+def seeded_snapshot_rank(rank: int, world_size: int, *args):
+    """``snapshot_rank`` in a process whose generators start as a new process's
+    do (seeded 0), so that runs in one launch start alike (tests of snapshot)."""
+    import random
+
+    import numpy as np
+
+    from multigpu.ranks.snapshot import snapshot_rank
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    return snapshot_rank(rank, world_size, *args)

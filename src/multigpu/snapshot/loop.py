@@ -81,8 +81,12 @@ def train_with_snapshots(
     sampler = ResumableSampler(
         TensorDataset(X, y), num_replicas=world_size, rank=rank, seed=config.seed
     )
-    loader = DataLoader(
-        TensorDataset(X, y), batch_size=per_rank, sampler=sampler, drop_last=True
+    loader = DataLoader(  # its own generator: iterating it after a resume draws
+        TensorDataset(X, y),  # no number from the restored global one (dropout)
+        batch_size=per_rank,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator(),
     )
     steps_per_epoch = snapshot_epoch_steps(len(X), config.batch_size, world_size)
     if steps_per_epoch == 0:

@@ -106,6 +106,10 @@ def skipped_collective_rank(
             dist.barrier(group=group)
         except RuntimeError as caught:
             error = caught
+    # Every rank stays until all have given up: a rank that left first would close
+    # the connection its peer still waits on, and the peer's error would depend on
+    # which came first. The default group keeps spawn's long timeout.
+    dist.barrier()
     return {**_outcome(rank, error), "log": log}
 
 

@@ -12,7 +12,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb)) \
 	$(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 
-.PHONY: setup lab test test-slow lint pytest nbval run notebooks bench clean
+.PHONY: setup lab doctor test test-slow lint pytest nbval run notebooks bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
+
+# The participant's machine check, a week before the workshop (docs/instructors.md).
+doctor: $(STAMP)
+	$(BIN)/python -m multigpu.doctor
 
 test: lint pytest nbval
 

@@ -172,6 +172,15 @@ def test_nccl_with_more_ranks_than_gpus_is_refused():
         spawn(collective_ranks.whoami_rank, too_many, backend="nccl")
 
 
+def test_auto_uses_gloo_when_there_are_fewer_gpus_than_ranks(monkeypatch):
+    # A laptop with one GPU: nccl would need one GPU per rank, so the 2 ranks run on
+    # gloo instead of being refused.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ranks = spawn(collective_ranks.whoami_rank, 2)
+    assert [rank["backend"] for rank in ranks] == ["gloo", "gloo"]
+
+
 def test_eight_launches_at_once_do_not_clash(no_leftovers):
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [

@@ -56,10 +56,13 @@ def _context() -> mp.context.BaseContext:
 
 
 def _resolve_backend(backend: str, world_size: int) -> str:
-    from multigpu.core.devices import choose_backend, cuda_device_count
+    import torch.distributed as dist
 
-    if backend == "auto":
-        backend = choose_backend()
+    from multigpu.core.devices import cuda_device_count
+
+    if backend == "auto":  # nccl only when every rank gets a GPU of its own
+        gpus_for_all = 0 < world_size <= cuda_device_count()
+        backend = "nccl" if gpus_for_all and dist.is_nccl_available() else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"Unknown backend {backend!r}. Use 'auto', 'gloo' or 'nccl'.")
     if backend == "nccl" and world_size > cuda_device_count():

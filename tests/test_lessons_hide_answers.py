@@ -1,0 +1,61 @@
+"""No lesson prints the answer of its own exercise.
+
+A learner who can copy a printed function into an exercise learns nothing, so a
+lesson shows the reference code of an exercise only through its signature and
+docstring. ANSWERS maps each lesson to the package functions that answer its
+exercises; no code cell of the lesson may print their source.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# lesson notebook -> the functions whose source would answer one of its exercises
+ANSWERS = {
+    "07_collectives_from_scratch": ["ring_all_reduce", "pipelined_reduce_scatter"],
+    "08_allreduce_sgd": ["sgd_step"],
+    "09_ddp_torchrun": ["evaluate_distributed"],
+    "09b_ddp_in_practice": [
+        "save_on_main",
+        "resume",
+        "accumulate",
+        "combine_statistics",
+    ],
+    "10_ddp_by_hand": ["BucketedDDP"],
+    "11_fault_tolerance": ["save_snapshot", "load_snapshot"],
+    "13_sharding_zero_fsdp": [
+        "zero2_step",
+        "fully_shard_model",
+        "fsdp2_rank",
+        "fsdp2_load_rank",
+    ],
+}
+GETSOURCE = re.compile(r"getsource\(\s*(?:[\w.]+\.)?(\w+)")
+
+
+def printed_sources(path: Path) -> list[str]:
+    """The names whose source a code cell of ``path`` prints with inspect.getsource."""
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    return [name for text in code for name in GETSOURCE.findall(text)]
+
+
+def test_printed_sources_finds_qualified_and_bare_names(tmp_path):
+    cell = "print(inspect.getsource(C.ring_all_reduce))\ninspect.getsource( sgd_step )"
+    notebook = {"cells": [{"cell_type": "code", "source": [cell]}]}
+    path = tmp_path / "x.ipynb"
+    path.write_text(json.dumps(notebook))
+    assert printed_sources(path) == ["ring_all_reduce", "sgd_step"]
+
+
+@pytest.mark.parametrize("stem", sorted(ANSWERS))
+def test_no_lesson_prints_its_exercises_answers(stem):
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    shown = sorted(set(printed_sources(path)) & set(ANSWERS[stem]))
+    assert not shown, f"{path.name} prints the source of {shown}, an exercise's answer"

@@ -1,0 +1,168 @@
+"""FSDPByHand trains like one process on the hard cases (tests/hard_cases.py) at 2
+and 3 ranks: float64 to 1e-12, float32 to 1e-6 (the ranks add their gradients in
+another order; at 2 ranks the same additions in one process match bit for bit, and
+on one rank it is bit for bit the plain model); bf16 within a bound of one process
+and of FSDP2 under the same policy. Bytes sent and gathered bytes equal the
+formulas of multigpu.costmodel.fsdp."""
+
+import pytest
+import torch
+
+from multigpu import fsdp, zero
+from multigpu.costmodel.fsdp import (
+    fsdp_bytes_per_parameter,
+    fsdp_bytes_sent_per_rank,
+    fsdp_peak_gathered_bytes,
+    fsdp_prefetch_overhead_bytes,
+)
+from multigpu.ranks import fsdp as fsdp_ranks
+from multigpu.runtime.launch import spawn
+from tests.fsdp.conftest import BUILDERS, CONFIG, SETTINGS, STEPS, TIMEOUT, mlp
+from tests.hard_cases import DTYPES, hard_case_data, hard_case_model
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}  # measured: ~1e-16, ~2e-7
+BF16_FROM_ONE_PROCESS = 0.02  # measured: 0.0067 (2 ranks), 0.0070 (3 ranks)
+BF16_FROM_FSDP2 = 1e-6  # measured: 0.0 at 2 and 3 ranks
+
+
+def difference(result, reference, names):
+    return max((result[n] - reference[n]).abs().max().item() for n in names)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fsdp_by_hand_trains_like_one_process_on_the_hard_cases(fsdp_runs, dtype):
+    world_size, histories, _ = fsdp_runs
+    X, y = hard_case_data(dtype=dtype)
+    for name, builder in BUILDERS.items():
+        start = builder(dtype, seed=0)
+        reference = zero.train_single_process_adam(start, X, y, CONFIG)
+        names = list(start.state_dict())
+        moved = difference(reference.parameters, start.state_dict(), names)
+        assert moved > 100 * TOLERANCE[dtype]  # training did move the weights
+        assert len(histories[(name, dtype)]) == world_size
+        for history in histories[(name, dtype)]:
+            assert len(history.step_loss) == STEPS
+            gap = difference(history.parameters, reference.parameters, names)
+            assert gap <= TOLERANCE[dtype], (name, gap)
+            if name == "HardCaseNet":
+                p = history.parameters
+                assert torch.equal(p["frozen.weight"], start.frozen.weight)
+                assert torch.equal(p["unused.weight"], start.unused.weight)
+                assert torch.equal(p["encode.weight"], p["decode.weight"])  # tied
+        losses = torch.tensor(
+            [h.step_loss for h in histories[(name, dtype)]], dtype=torch.float64
+        )
+        assert torch.allclose(
+            losses.mean(0).to(dtype),
+            torch.tensor(reference.step_loss, dtype=dtype),
+            rtol=0,
+            atol=100 * TOLERANCE[dtype],
+        )
+
+
+def test_the_float32_difference_is_the_order_of_additions(fsdp_runs):
+    world_size, histories, _ = fsdp_runs
+    if world_size != 2:
+        pytest.skip("with 3 ranks the ring adds in another order than rank order")
+    X, y = hard_case_data(dtype=torch.float32)
+    start = hard_case_model(torch.float32)
+    reference = fsdp.train_ranks_arithmetic_adam(start, X, y, CONFIG, world_size)
+    plain = zero.train_single_process_adam(start, X, y, CONFIG).parameters
+    for history in histories[("HardCaseNet", torch.float32)]:
+        for name in reference:
+            assert torch.equal(history.parameters[name], reference[name]), name
+        assert not all(torch.equal(history.parameters[n], plain[n]) for n in plain)
+
+
+def test_on_one_rank_fsdp_by_hand_is_the_plain_model_bit_for_bit():
+    X, y = hard_case_data(dtype=torch.float32)
+    start = hard_case_model(torch.float32)
+    runs = [(start, X, y, CONFIG, {"depth": 1})]
+    (history,) = spawn(fsdp_ranks.fsdp_runs_rank, 1, runs, timeout=TIMEOUT)[0]
+    reference = zero.train_single_process_adam(start, X, y, CONFIG)
+    for name, value in reference.parameters.items():
+        assert torch.equal(history.parameters[name], value), name
+
+
+def test_bytes_sent_and_gathered_equal_the_formulas(fsdp_runs):
+    world_size, histories, _ = fsdp_runs
+    for setting, options in SETTINGS.items():
+        param_bytes = 2 if "param_dtype" in options else 4
+        reshard = options.get("reshard_after_forward", True)
+        for history in histories[(setting, torch.float32)]:
+            order = [history.unit_numels[i] for i in history.forward_order]
+            assert order == [112, 272, 272, 272, 51]
+            sent = fsdp_bytes_sent_per_rank(
+                order, world_size, history.rank, param_bytes, 4, reshard
+            )
+            assert history.bytes_sent == [sent] * STEPS, setting
+            peak = fsdp_peak_gathered_bytes(
+                order, options["depth"], param_bytes, reshard
+            )
+            assert history.peak_gathered_bytes == peak, setting
+            assert history.ledger["gathered"] == peak
+    peaks = [
+        histories[(f"depth {d}", torch.float32)][0].peak_gathered_bytes
+        for d in range(3)
+    ]
+    assert peaks == [272 * 4, 544 * 4, 816 * 4]  # grows with depth
+    units = [112, 272, 272, 272, 51]
+    for depth in (1, 2):
+        overhead = fsdp_prefetch_overhead_bytes(units, depth, 4)
+        assert peaks[depth] - peaks[0] == overhead
+    bf16 = histories[("bf16 depth 1", torch.float32)][0]
+    assert bf16.peak_gathered_bytes * 2 == peaks[1]  # half the bytes in flight
+    fp32_sent = histories[("depth 1", torch.float32)][0].bytes_sent[0]
+    gathered = fsdp_bytes_sent_per_rank([112, 272, 272, 272, 51], world_size, 0, 4, 0)
+    assert bf16.bytes_sent[0] == fp32_sent - gathered // 2  # all-gathers halved
+
+
+def test_each_rank_keeps_its_share_of_master_weights_gradients_and_adam(fsdp_runs):
+    world_size, histories, _ = fsdp_runs
+    numel = sum(p.numel() for p in mlp().parameters())
+    per_parameter = fsdp_bytes_per_parameter(world_size)
+    for setting in SETTINGS:
+        ranks = histories[(setting, torch.float32)]
+        for category in ("parameters", "gradients", "optimizer"):
+            held = sum(h.ledger[category] for h in ranks)
+            assert held == world_size * per_parameter[category] * numel, category
+
+
+def test_frozen_and_unused_parameters_get_no_optimizer_state(fsdp_runs):
+    _, histories, _ = fsdp_runs
+    for dtype in DTYPES:
+        ranks = histories[("HardCaseNet", dtype)]
+        held = sum(h.ledger["optimizer"] for h in ranks)
+        model = hard_case_model(dtype)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        unused = sum(p.numel() for p in model.unused.parameters())  # no gradient
+        element = torch.finfo(dtype).bits // 8
+        assert held == 2 * element * (trainable - unused)  # 2 moments, frozen: none
+
+
+def test_bf16_is_bounded_from_one_process_and_matches_fsdp2(fsdp_runs):
+    world_size, histories, _ = fsdp_runs
+    X, y = hard_case_data(dtype=torch.float32)
+    start = hard_case_model(torch.float32)
+    reference = zero.train_single_process_adam(start, X, y, CONFIG).parameters
+    names = [n for n, _ in start.named_parameters()]
+    for mine, theirs in zip(
+        histories[("HardCaseNet bf16", torch.float32)], histories["FSDP2 bf16"]
+    ):
+        assert mine.parameters["encode.weight"].dtype == torch.float32  # fp32 master
+        ours = difference(mine.parameters, reference, names)
+        assert 1e-4 < ours <= BF16_FROM_ONE_PROCESS  # bf16 does show
+        assert difference(theirs.parameters, reference, names) <= BF16_FROM_ONE_PROCESS
+        assert difference(mine.parameters, theirs.parameters, names) <= BF16_FROM_FSDP2
+        assert torch.equal(mine.parameters["frozen.weight"], start.frozen.weight)
+
+
+def test_a_forgotten_wait_and_a_negative_depth_are_refused(fsdp_runs):
+    _, _, reports = fsdp_runs
+    assert reports[0][0] == [
+        "Unit 0 is about to compute its forward, but its all-gather was not waited "
+        "for, so its parameters may not have arrived. The prefetch function must "
+        "call .wait() on the handle of the unit that computes now (order[position]).",
+        "depth must be an integer of at least 0, got -1. Pass how many units ahead "
+        "to all-gather, e.g. depth=0 (none) or depth=1.",
+    ]

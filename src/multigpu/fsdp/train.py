@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +23,12 @@ from multigpu.core.train import TrainConfig
 from multigpu.fsdp.checkpointing import SavedActivations
 from multigpu.fsdp.sharded import FSDPByHand
 from multigpu.miniddp import TimelineEvent, broadcast_from_rank0
-from multigpu.zero import ShardedHistory, check_same_step_counts, measure_ledger
+from multigpu.zero import (
+    ShardedHistory,
+    check_same_step_counts,
+    measure_ledger,
+    shard_linears_and_root,
+)
 
 
 @dataclass
@@ -99,7 +103,7 @@ def train_fsdp2_mixed(
     Linear (one tied to another is left to the root) and on the model, as 13's
     :func:`~multigpu.zero.fully_shard_model` does, on this rank (14)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
     steps, steps_per_epoch = run_batches(len(X), config, world_size, rank)
@@ -108,12 +112,7 @@ def train_fsdp2_mixed(
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     model = copy.deepcopy(model)
     broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
-    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    for layer in model.modules():
-        tied = any(uses[id(p)] > 1 for p in layer.parameters())
-        if isinstance(layer, nn.Linear) and layer is not model and not tied:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    shard_linears_and_root(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     master = next(model.parameters()).dtype
     history = ShardedHistory(rank=rank, world_size=world_size)

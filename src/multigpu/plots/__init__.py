@@ -13,6 +13,7 @@ from multigpu.plots.dataparallel import (
     plot_timeline,
 )
 from multigpu.plots.ddp import plot_buckets, plot_overlap
+from multigpu.plots.fsdp import plot_prefetch
 from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
 from multigpu.plots.sharding import LEDGER_COLOURS, plot_zero_ledgers
 from multigpu.plots.training import plot_history
@@ -25,6 +26,7 @@ __all__ = [
     "plot_history",
     "plot_memory",
     "plot_overlap",
+    "plot_prefetch",
     "plot_ring",
     "plot_speedups",
     "plot_timeline",

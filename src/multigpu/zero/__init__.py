@@ -42,6 +42,7 @@ from multigpu.zero.fsdp2 import (
     full_parameters,
     fully_shard_model,
     load_sharded_checkpoint,
+    shard_linears_and_root,
 )
 from multigpu.zero.ledger import layer_numels, measure_ledger, storage_bytes
 from multigpu.zero.loop import (
@@ -78,6 +79,7 @@ __all__ = [
     "flatten_parameters",
     "full_parameters",
     "fully_shard_model",
+    "shard_linears_and_root",
     "gathered_state_dict",
     "layer_numels",
     "load_sharded_checkpoint",

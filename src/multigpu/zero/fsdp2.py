@@ -64,19 +64,26 @@ def fully_shard_model(model: nn.Module) -> nn.Module:
     explicit CPU device mesh of all the ranks (13). A Linear holding a weight tied
     to another layer is left to the whole model's unit, which shards it once."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     # An explicit CPU mesh: without it, a machine with GPUs would move the model to
     # CUDA even though the process group is gloo.
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = copy.deepcopy(model)
     broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    return shard_linears_and_root(model, mesh=mesh)
+
+
+def shard_linears_and_root(model: nn.Module, **fully_shard_kwargs) -> nn.Module:
+    """``fully_shard(layer, **fully_shard_kwargs)`` on every Linear of ``model``
+    that holds no tied weight, then on ``model`` itself; returns ``model`` (13, 14)."""
+    from torch.distributed.fsdp import fully_shard
+
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for layer in model.modules():
         tied = any(uses[id(p)] > 1 for p in layer.parameters())
         if isinstance(layer, nn.Linear) and layer is not model and not tied:
-            fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
-    fully_shard(model, mesh=mesh)
+            fully_shard(layer, **fully_shard_kwargs)  # one all-gather unit per layer
+    fully_shard(model, **fully_shard_kwargs)
     return model
 
 

@@ -14,6 +14,7 @@ from multigpu.plots.dataparallel import (
 )
 from multigpu.plots.ddp import plot_buckets, plot_overlap
 from multigpu.plots.fsdp import plot_prefetch
+from multigpu.plots.pipeline import plot_bubble, plot_schedules
 from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
 from multigpu.plots.sharding import LEDGER_COLOURS, plot_zero_ledgers
 from multigpu.plots.training import plot_history
@@ -21,6 +22,7 @@ from multigpu.plots.training import plot_history
 __all__ = [
     "LEDGER_COLOURS",
     "plot_alpha_beta_fit",
+    "plot_bubble",
     "plot_buckets",
     "plot_dataparallel_flow",
     "plot_history",
@@ -28,6 +30,7 @@ __all__ = [
     "plot_overlap",
     "plot_prefetch",
     "plot_ring",
+    "plot_schedules",
     "plot_speedups",
     "plot_timeline",
     "plot_zero_ledgers",

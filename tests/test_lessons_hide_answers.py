@@ -35,23 +35,45 @@ ANSWERS = {
         "fsdp2_rank",
         "fsdp2_load_rank",
     ],
+    "15_tensor_and_sequence_parallel": [
+        "CopyToTensorParallel",
+        "ReduceFromTensorParallel",
+        "row_parallel_linear",
+        "RowParallelLinear",
+        "VocabParallelCrossEntropy",
+        "vocab_parallel_token_losses",
+        "vocab_parallel_cross_entropy",
+    ],
 }
-GETSOURCE = re.compile(r"getsource\(\s*(?:[\w.]+\.)?(\w+)")
+GETSOURCE = re.compile(r"getsource\(\s*([\w.]+)")
 
 
 def printed_sources(path: Path) -> list[str]:
-    """The names whose source a code cell of ``path`` prints with inspect.getsource."""
+    """Every name in the dotted paths whose source a code cell of ``path`` prints
+    with inspect.getsource (``C.Ring.forward`` gives C, Ring and forward)."""
     cells = json.loads(path.read_text())["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    return [name for text in code for name in GETSOURCE.findall(text)]
+    paths = [found for text in code for found in GETSOURCE.findall(text)]
+    return [name for dotted in paths for name in dotted.split(".")]
 
 
 def test_printed_sources_finds_qualified_and_bare_names(tmp_path):
-    cell = "print(inspect.getsource(C.ring_all_reduce))\ninspect.getsource( sgd_step )"
+    cell = (
+        "print(inspect.getsource(C.ring_all_reduce))\n"
+        "inspect.getsource( sgd_step )\n"
+        "inspect.getsource(tp.Row.forward)"
+    )
     notebook = {"cells": [{"cell_type": "code", "source": [cell]}]}
     path = tmp_path / "x.ipynb"
     path.write_text(json.dumps(notebook))
-    assert printed_sources(path) == ["ring_all_reduce", "sgd_step"]
+    assert printed_sources(path) == [
+        "C",
+        "ring_all_reduce",
+        "sgd_step",
+        "tp",
+        "Row",
+        "forward",
+    ]
 
 
 @pytest.mark.parametrize("stem", sorted(ANSWERS))

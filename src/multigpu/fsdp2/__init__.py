@@ -1,0 +1,66 @@
+"""FSDP2 in practice: its knobs one by one, each measured (14b).
+
+Taught in ``notebooks/14b_fsdp2_in_practice.ipynb``; it builds on notebook 14
+(FSDP by hand) and on 13's ``fully_shard`` (:mod:`multigpu.zero.fsdp2`). Every
+knob runs on CPU ranks with gloo (torch 2.14.1):
+
+- :mod:`~multigpu.fsdp2.sharding`: an explicit CPU mesh (1-D, or 2-D for HSDP),
+  ``fully_shard`` per layer with ``reshard_after_forward`` and
+  ``MixedPrecisionPolicy``, explicit prefetching, meta-device construction, the
+  full state dict for export;
+- :mod:`~multigpu.fsdp2.counting`: the collectives FSDP2 issues, counted, and the
+  parameter bytes a rank holds;
+- :mod:`~multigpu.fsdp2.loop`: one loop for one process and for a rank, with
+  gradient accumulation (``set_requires_gradient_sync``) and clipping.
+
+The formulas are in :mod:`multigpu.costmodel.fsdp2`; the rank functions in
+:mod:`multigpu.ranks.fsdp2`; the exercises' checkers are
+:func:`multigpu.exercises.fsdp2.check_accumulation_step` and
+:func:`multigpu.exercises.fsdp2.check_build_sharded`.
+"""
+
+from multigpu.fsdp2.counting import (
+    CollectiveLog,
+    fsdp_params,
+    local_parameter_bytes,
+    parameter_bytes_held,
+)
+from multigpu.fsdp2.loop import (
+    MicroBatch,
+    StepsResult,
+    full_weights,
+    make_optimizer,
+    rank_part,
+    train_one_process,
+    train_steps,
+)
+from multigpu.fsdp2.sharding import (
+    build_on_meta,
+    cpu_mesh,
+    full_state_dict,
+    layers_to_shard,
+    load_full_state_dict,
+    set_prefetch,
+    shard_layers,
+)
+
+__all__ = [
+    "CollectiveLog",
+    "MicroBatch",
+    "StepsResult",
+    "build_on_meta",
+    "cpu_mesh",
+    "fsdp_params",
+    "full_state_dict",
+    "full_weights",
+    "layers_to_shard",
+    "load_full_state_dict",
+    "local_parameter_bytes",
+    "make_optimizer",
+    "parameter_bytes_held",
+    "rank_part",
+    "set_prefetch",
+    "shard_layers",
+    "train_one_process",
+    "train_steps",
+]

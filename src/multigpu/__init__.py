@@ -1,4 +1,4 @@
-"""multigpu: parallel training in PyTorch, from one GPU to DDP, FSDP, tensor and pipeline parallel.
+"""multigpu: parallel training in PyTorch, from one GPU to DDP, FSDP, TP and PP.
 
 Each module is the tested reference implementation behind one or more notebooks in
 ``notebooks/``; the module docstrings say which.

@@ -44,6 +44,7 @@ ANSWERS = {
         "vocab_parallel_token_losses",
         "vocab_parallel_cross_entropy",
     ],
+    "16_pipeline_parallel": ["one_f_one_b_actions"],
 }
 GETSOURCE = re.compile(r"getsource\(\s*([\w.]+)")
 

@@ -142,20 +142,23 @@ MEGATRON_2021 = {
 DECISION_GUIDE = (
     (
         "the training state (weights, gradients, Adam) does not fit",
-        "shard it: ZeRO / FSDP over the data-parallel ranks (13, 14)",
+        "shard it over the data-parallel ranks: ZeRO / FSDP (13, 14)",
     ),
     (
         "the activations do not fit",
-        "1F1B instead of GPipe (at most p - s micro-batches held), sequence "
-        "parallelism, activation checkpointing",
+        "activation checkpointing (14); with tensor parallelism, sequence "
+        "parallelism (15); with a pipeline, 1F1B rather than GPipe (at most p - s "
+        "micro-batches held on stage s)",
     ),
     (
         "one layer is too slow or too big for one device",
-        "tensor parallelism, inside a node: an all-reduce in every layer (15)",
+        "tensor parallelism inside a node, on its fastest links: it all-reduces in "
+        "every layer (15)",
     ),
     (
-        "the model is too deep for one node's devices",
-        "pipeline parallelism across nodes: only activations cross the link",
+        "the model does not fit one node's devices, even with tensor parallelism",
+        "pipeline parallelism across nodes: only activations and their gradients "
+        "cross the slower link, once per stage boundary",
     ),
     (
         "too many ranks for the batch (each would get too few samples)",

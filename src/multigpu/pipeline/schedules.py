@@ -5,12 +5,13 @@ or a message to a neighbour: ``("recv_activation", i)`` from the previous stage,
 ``("send_activation", i)`` to the next, ``("recv_gradient", i)`` from the next,
 ``("send_gradient", i)`` to the previous. A *list* of messages is one action
 whose messages are posted together (``dist.batch_isend_irecv``), as Megatron-LM's
-``send_forward_recv_backward`` does
-(https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/pipeline_parallel/schedules.py).
+``send_forward_recv_backward`` does (megatron/core/pipeline_parallel/
+p2p_communication.py, https://github.com/NVIDIA/Megatron-LM).
 
 - :func:`gpipe_actions`: every forward, then every backward (Huang et al., 2019);
   stage s holds all m micro-batches' activations at once.
-- :func:`one_f_one_b_actions`: 1F1B (PipeDream-Flush, Narayanan et al., 2021):
+- :func:`one_f_one_b_actions`: 1F1B (PipeDream-Flush, Narayanan et al., 2021,
+  arXiv:2006.09503, the schedule of Megatron-LM):
   p - s - 1 warm-up forwards, then one forward and one backward in turn, then the
   remaining backwards; stage s holds at most p - s micro-batches.
 - :func:`schedule_problem`: what is wrong with a stage's list (a message missing

@@ -5,7 +5,7 @@ seconds (recorded by :func:`multigpu.pipeline.run_actions`) or in time slots
 (:func:`multigpu.pipeline.simulate_schedule`). The *bubble* is the time a stage
 sits idle between the first block of the step and the last: with equal blocks
 and p stages, GPipe and 1F1B both leave (p - 1)/(m + p - 1) of the step idle
-(:func:`multigpu.costmodel.pipeline.bubble_fraction`).
+(:func:`multigpu.costmodel.pipeline.pipeline_bubble_fraction`).
 """
 
 from __future__ import annotations

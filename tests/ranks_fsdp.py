@@ -6,9 +6,9 @@ from multigpu.fsdp import FSDPByHand
 from multigpu.zero import make_mlp
 
 
-def no_wait_prefetch(fsdp, order, position):
+def no_wait_prefetch(wrapper, order, position):
     """A prefetch that forgets to wait for the unit that computes now."""
-    fsdp.issue_gather(order[position])
+    wrapper.issue_gather(order[position])
 
 
 def refused_messages_rank(rank, world_size):

@@ -35,6 +35,7 @@ ANSWERS = {
         "fsdp2_rank",
         "fsdp2_load_rank",
     ],
+    "14_fsdp_by_hand": ["issue_with_prefetch", "gather_parameters", "reduce_gradient"],
     "15_tensor_and_sequence_parallel": [
         "CopyToTensorParallel",
         "ReduceFromTensorParallel",

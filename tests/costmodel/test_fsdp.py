@@ -8,6 +8,7 @@ from multigpu.costmodel.fsdp import (
     fsdp_memory_ledger,
     fsdp_peak_gathered_bytes,
     fsdp_prefetch_overhead_bytes,
+    recompute_bytes,
 )
 
 
@@ -40,3 +41,8 @@ def test_fsdp_formulas_worked_out_by_hand():
         "gathered": 100,
         "activations": 7,
     }
+
+
+def test_recomputing_a_segment_brings_back_its_blocks():
+    assert recompute_bytes(1, 80.0) == 80.0  # checkpointing every block
+    assert recompute_bytes(3, 80.0) == 240.0  # segments of 3 blocks

@@ -22,7 +22,7 @@ def test_check_prefetch_names_each_mistake():
         "in order, was not issued (you issued unit 2 instead)",
         wrong_fsdp.prefetch_ignoring_depth: "FAIL: with depth=1, before unit 0 "
         "(position 0 of [0, 1, 2, 3, 4]) you issued unit 2's all-gather, which is not "
-        "among the next 1 units in order. A prefetch beyond fsdp.depth holds one "
+        "among the next 1 units in order. A prefetch beyond wrapper.depth holds one "
         "more gathered unit in memory",
         wrong_fsdp.prefetch_without_waiting: "FAIL: with depth=1, before unit 0 "
         "(position 0 of [0, 1, 2, 3, 4]) your function returned without waiting for "
@@ -37,8 +37,8 @@ def test_check_prefetch_names_each_mistake():
 
 
 def test_check_prefetch_reports_an_error_of_the_learner():
-    def broken(fsdp, order, position):
-        fsdp.issue_gather(order[position + fsdp.depth + 10])
+    def broken(wrapper, order, position):
+        wrapper.issue_gather(order[position + wrapper.depth + 10])
 
     passed, message = check_prefetch(broken)
     assert not passed

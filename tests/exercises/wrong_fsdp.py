@@ -5,41 +5,41 @@ from multigpu.collectives import all_gather, reduce_scatter
 
 
 # ----------------------------------------------------------- exercise 1: prefetch
-def prefetch_waiting_at_once(fsdp, order, position):
+def prefetch_waiting_at_once(wrapper, order, position):
     """Waits on each prefetched handle right away: no overlap."""
-    handle = fsdp.issue_gather(order[position])
-    for unit in order[position + 1 : position + 1 + fsdp.depth]:
-        fsdp.issue_gather(unit).wait()
+    handle = wrapper.issue_gather(order[position])
+    for unit in order[position + 1 : position + 1 + wrapper.depth]:
+        wrapper.issue_gather(unit).wait()
     handle.wait()
 
 
-def prefetch_skipping_a_unit(fsdp, order, position):
+def prefetch_skipping_a_unit(wrapper, order, position):
     """Prefetches the unit after the next one (off by one)."""
-    handle = fsdp.issue_gather(order[position])
-    for unit in order[position + 2 : position + 2 + fsdp.depth]:
-        fsdp.issue_gather(unit)
+    handle = wrapper.issue_gather(order[position])
+    for unit in order[position + 2 : position + 2 + wrapper.depth]:
+        wrapper.issue_gather(unit)
     handle.wait()
 
 
-def prefetch_ignoring_depth(fsdp, order, position):
+def prefetch_ignoring_depth(wrapper, order, position):
     """Prefetches every later unit: the whole model in memory."""
-    handle = fsdp.issue_gather(order[position])
+    handle = wrapper.issue_gather(order[position])
     for unit in order[position + 1 :]:
-        fsdp.issue_gather(unit)
+        wrapper.issue_gather(unit)
     handle.wait()
 
 
-def prefetch_without_waiting(fsdp, order, position):
+def prefetch_without_waiting(wrapper, order, position):
     """Never waits for the unit that computes now."""
-    for unit in order[position : position + 1 + fsdp.depth]:
-        fsdp.issue_gather(unit)
+    for unit in order[position : position + 1 + wrapper.depth]:
+        wrapper.issue_gather(unit)
 
 
-def prefetch_before_own(fsdp, order, position):
+def prefetch_before_own(wrapper, order, position):
     """Issues the prefetches before the unit's own all-gather."""
-    for unit in order[position + 1 : position + 1 + fsdp.depth]:
-        fsdp.issue_gather(unit)
-    fsdp.issue_gather(order[position]).wait()
+    for unit in order[position + 1 : position + 1 + wrapper.depth]:
+        wrapper.issue_gather(unit)
+    wrapper.issue_gather(order[position]).wait()
 
 
 # ------------------------------------------------- exercise 2: mixed precision

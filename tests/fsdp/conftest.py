@@ -20,7 +20,7 @@ TIMEOUT = 240.0  # the machine may be shared; a hang fails instead of waiting
 BUILDERS = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
 MLP_SIZES = (6, 16, 16, 16, 16, 3)  # 5 units of 112, 272, 272, 272, 51
 SETTINGS = {  # name: FSDPByHand options, on the MLP in float32
-    "depth 0": {"depth": 0},
+    "depth 0": {"depth": 0, "record": True},  # a timeline: nothing hidden
     "depth 1": {"depth": 1},
     "depth 2": {"depth": 2},
     "kept gathered": {"depth": 1, "reshard_after_forward": False},

@@ -82,6 +82,7 @@ def test_fsdp_with_checkpointing_matches_the_ledger_formula(fsdp_runs):
                     torch.equal(mine.parameters[n], other.parameters[n])
                     for n in other.parameters
                 )
+                assert mine.bytes_sent == other.bytes_sent  # no extra all-gather
         for category in ("parameters", "gradients", "optimizer"):
             held = sum(h.ledger[category] for h in ranks)
             assert held == world_size * formula[category], (name, category)

@@ -53,7 +53,7 @@ def _diagnose(order: list[int], position: int, depth: int, log, issued) -> str |
         return (
             f"FAIL: {where} your function returned without waiting for unit {own}'s "
             "own all-gather, so it would compute on parameters that have not "
-            "arrived. Call .wait() on the handle of fsdp.issue_gather(order"
+            "arrived. Call .wait() on the handle of wrapper.issue_gather(order"
             "[position]) after issuing the prefetches."
         )
     early = [unit for unit in waits if unit != own]
@@ -78,44 +78,44 @@ def _diagnose(order: list[int], position: int, depth: int, log, issued) -> str |
         return (
             f"FAIL: {where} the all-gather of unit {missing[0]}, one of the next "
             f"{depth} in order, was not issued{instead}, so that unit will wait for "
-            "its parameters. Issue order[position + 1 : position + 1 + fsdp.depth]."
+            "its parameters. Issue order[position + 1 : position + 1 + wrapper.depth]."
         )
     if extra:
         return (
             f"FAIL: {where} you issued unit {extra[0]}'s all-gather, which is not "
-            f"among the next {depth} units in order. A prefetch beyond fsdp.depth "
+            f"among the next {depth} units in order. A prefetch beyond wrapper.depth "
             "holds one more gathered unit in memory, and one behind has already "
-            "computed. Issue order[position + 1 : position + 1 + fsdp.depth] only."
+            "computed. Issue order[position + 1 : position + 1 + wrapper.depth] only."
         )
     return None
 
 
 def check_prefetch(prefetch: Callable[..., None]) -> tuple[bool, str]:
-    """Run ``prefetch(fsdp, order, position)`` against a recorder for every
+    """Run ``prefetch(wrapper, order, position)`` against a recorder for every
     position of a forward, a backward and a mixed order at depths 0 to 2; return
     (passed, message naming the first mistake) (14)."""
     for depth in (1, 2, 0):
         for order in ORDERS:
-            fsdp = _Recorder(depth)
+            wrapper = _Recorder(depth)
             for position, own in enumerate(order):
-                fsdp.log = []
-                issued = set(fsdp.handles)
-                for handle in fsdp.handles.values():
-                    handle.log = fsdp.log
+                wrapper.log = []
+                issued = set(wrapper.handles)
+                for handle in wrapper.handles.values():
+                    handle.log = wrapper.log
                 try:
-                    prefetch(fsdp, list(order), position)
+                    prefetch(wrapper, list(order), position)
                 except Exception as error:
                     return False, (
                         f"FAIL: with depth={depth} at position {position} of {order} "
                         f"your function raised {type(error).__name__}: {error}"
                     )
-                message = _diagnose(list(order), position, depth, fsdp.log, issued)
+                message = _diagnose(list(order), position, depth, wrapper.log, issued)
                 if message:
                     return False, message
-                fsdp.handles.pop(own)  # it computed; its memory is freed
+                wrapper.handles.pop(own)  # it computed; its memory is freed
     return True, (
         "PASS: before each unit computes, your function issues its all-gather, the "
-        "next fsdp.depth units' without waiting, and waits for its own only "
+        "next wrapper.depth units' without waiting, and waits for its own only "
         "(forward, backward and another order; depths 0, 1 and 2)."
     )
 

@@ -6,11 +6,12 @@ chunk first (:func:`gather_parameters`), so every number travels as 2 bytes, not
 Backward computes the unit's gradient in bfloat16; it is cast to float32 before the
 reduce-scatter (:func:`reduce_gradient`), so the sum over the ranks is rounded once,
 at the end, not at every addition of the ring. This is FSDP2's
-``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``:
-``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` (``foreach_all_gather``
-copies the shards already in ``param_dtype``; ``foreach_reduce`` casts the
-gradients to ``reduce_dtype``). With no compute dtype both are plain float32 (or
-float64) collectives.
+``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``
+(``torch/distributed/fsdp/_fully_shard/``): ``FSDPParam.all_gather_inputs`` in
+``_fsdp_param.py`` casts the local shard to ``param_dtype``; ``foreach_reduce`` in
+``_fsdp_collectives.py`` copies the gradients into a ``reduce_dtype`` buffer and
+casts the reduced chunk back to the parameter's dtype. With no compute dtype both
+are plain float32 (or float64) collectives.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from multigpu.fsdp.units import FlatUnit, plan_units
 from multigpu.miniddp.timeline import TimelineEvent
 from multigpu.zero import Meter
 
-PrefetchFunction = Callable[..., None]  # (fsdp, order, position) -> None
+PrefetchFunction = Callable[..., None]  # (wrapper, order, position) -> None
 GatherFunction = Callable[[torch.Tensor, torch.Tensor], int]  # (shard, full)
 ReduceFunction = Callable[[torch.Tensor, torch.Tensor], int]  # (grad, shard grad)
 

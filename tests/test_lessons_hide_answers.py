@@ -36,6 +36,7 @@ ANSWERS = {
         "fsdp2_load_rank",
     ],
     "14_fsdp_by_hand": ["issue_with_prefetch", "gather_parameters", "reduce_gradient"],
+    "14b_fsdp2_in_practice": ["train_steps", "build_on_meta"],
     "15_tensor_and_sequence_parallel": [
         "CopyToTensorParallel",
         "ReduceFromTensorParallel",

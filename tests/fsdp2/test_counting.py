@@ -1,7 +1,8 @@
 """Tests for multigpu.fsdp2.counting: the collectives FSDP2 issues and the parameter
 bytes a rank holds, counted on 2 and 4 ranks, equal costmodel.fsdp2's formulas for
 reshard_after_forward True/False/2, mixed precision, HSDP and accumulation; the
-prefetch depth moves the all-gathers ahead of the computation."""
+prefetch depth moves the all-gathers ahead of the computation, in forward and in
+backward."""
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_collectives_of_a_training_run_equal_the_formula(world4, name, knobs):
         assert result["counts"] == {k: steps * v for k, v in per_step.items()}
 
 
-def test_prefetch_depth_issues_all_gathers_ahead_of_compute(world2):
+def test_forward_prefetch_depth_issues_all_gathers_ahead_of_compute(world2):
     orders = {
         0: [
             "all-gather 0",
@@ -94,23 +95,54 @@ def test_prefetch_depth_issues_all_gathers_ahead_of_compute(world2):
     }
     for depth, expected in orders.items():
         for events in world2[f"prefetch {depth}"]:
-            assert events == expected
+            assert events["forward"] == expected
+
+
+def test_backward_prefetch_is_one_unit_by_default_and_deeper_when_set(world2):
+    # FSDP2 prefetches the previous unit in backward by itself (_backward_prefetch
+    # in _fsdp_param_group.py): depth 0 and 1 give the same order; depth 2's
+    # set_modules_to_backward_prefetch issues two ahead
+    one_ahead = [
+        "all-gather 4",
+        "all-gather 2",
+        "compute 4",
+        "all-gather 0",
+        "compute 2",
+        "compute 0",
+    ]
+    two_ahead = [
+        "all-gather 4",
+        "all-gather 2",
+        "all-gather 0",
+        "compute 4",
+        "compute 2",
+        "compute 0",
+    ]
+    orders = {0: one_ahead, 1: one_ahead, 2: two_ahead}
+    for depth, expected in orders.items():
+        for events in world2[f"prefetch {depth}"]:
+            assert events["backward"] == expected
 
 
 def test_collective_log_puts_back_what_it_wrapped():
     import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     from multigpu.fsdp2 import CollectiveLog
 
-    before = (dist.all_gather_single, dist.reduce_scatter_single, dist.all_reduce)
+    def wrapped():
+        return (
+            dist.all_gather_single,
+            dist.reduce_scatter_single,
+            dist.all_reduce,
+            FSDPState._pre_backward,
+        )
+
+    before = wrapped()
     with CollectiveLog() as log:
-        assert dist.all_gather_single is not before[0]  # wrapped inside
+        assert all(a is not b for a, b in zip(wrapped(), before))  # wrapped inside
         log.mark("compute 0")
-    assert (
-        dist.all_gather_single,
-        dist.reduce_scatter_single,
-        dist.all_reduce,
-    ) == before
+    assert wrapped() == before
     assert log.events == ["compute 0"] and log.count("all-gather") == 0
 
 

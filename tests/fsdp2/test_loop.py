@@ -79,7 +79,8 @@ def test_mixed_precision_stays_within_its_bound_of_one_process(world4, world2):
     for result in world4["mixed"] + world2["mixed"]:
         difference = distance(result["parameters"], reference.parameters)
         assert 1e-5 < difference < BF16_BOUND  # really bf16, and still close
-        assert result["all-gather dtypes"] == ["bfloat16"]
+        assert result["all-gather dtypes"] == ["bfloat16"]  # cast, then gathered
+        assert result["reduce-scatter dtypes"] == ["float32"]  # reduce_dtype
         assert all(v.dtype == torch.float32 for v in result["parameters"].values())
 
 

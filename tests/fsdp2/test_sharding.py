@@ -16,6 +16,12 @@ from tests.hard_cases import HardCaseNet, hard_case_model, trainable_numel
 def test_hsdp_replicates_over_one_dimension_and_shards_over_the_other(world4):
     for result in world4["hsdp"]:
         assert set(result["placements"].values()) == {"(Replicate(), Shard(dim=0))"}
+        # all-gathers and reduce-scatters within a group of 2, all-reduces across
+        assert result["group sizes"] == {
+            "all-gather": [2],
+            "reduce-scatter": [2],
+            "all-reduce": [2],
+        }
 
 
 def test_meta_init_allocates_only_this_ranks_shards(world4, world2):

@@ -6,7 +6,8 @@ calls (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``:
 ``dist.all_gather_single`` and ``dist.reduce_scatter_single``; ``dist.all_reduce``
 for HSDP's replicas) and records each call: its kind, bytes, dtype, group size and
 the unit that issued it (FSDP2's ``FSDPParamGroup.unshard`` is wrapped to know
-which). :func:`parameter_bytes_held` reads a rank's FSDP2 parameter storage
+which), and when each unit's backward starts (``FSDPState._pre_backward``,
+``_fsdp_state.py``). :func:`parameter_bytes_held` reads a rank's FSDP2 parameter storage
 (``_fsdp_param.py``: the shard, the all-gather outputs, the post-forward shard).
 """
 
@@ -30,8 +31,10 @@ _WRAPPED = {
 class CollectiveLog:
     """Inside ``with CollectiveLog(model) as log:`` every FSDP2 collective of this
     rank is appended to ``log.calls`` as a dict (kind, bytes, dtype, group size,
-    unit), and ``log.marks`` adds the caller's own events (e.g. "compute 0") in
-    the same sequence ``log.events`` (14b)."""
+    unit); ``log.events`` lists "all-gather <unit>" as each is issued, "compute
+    <unit>" when a unit's backward starts (after FSDP2's pre-backward hook, which
+    all-gathers and prefetches), and the caller's own events (``log.mark``, e.g.
+    "compute 0" from a forward pre-hook) (14b)."""
 
     model: nn.Module | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -71,17 +74,25 @@ class CollectiveLog:
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import (
             FSDPParamGroup,
         )
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
-        names = {}
+        names, state_names = {}, {}
         if self.model is not None:
             for name, module in self.model.named_modules():
                 state = getattr(module, "_get_fsdp_state", None)
                 group = state()._fsdp_param_group if state else None
                 if group is not None:
-                    names[id(group)] = name or "root"
+                    names[id(group)] = state_names[id(state())] = name or "root"
         self._saved = {key: getattr(dist, attr) for key, attr in _WRAPPED.items()}
         self._saved["unshard"] = FSDPParamGroup.unshard
+        self._saved["pre_backward"] = FSDPState._pre_backward
         log, saved = self, self._saved
+
+        def pre_backward(state: Any, grad: Any) -> Any:
+            grad = saved["pre_backward"](state, grad)  # unshard, then prefetch
+            if id(state) in state_names:  # its backward computation starts now
+                log.mark(f"compute {state_names[id(state)]}")
+            return grad
 
         def unshard(group: Any, *args: Any, **kwargs: Any) -> Any:
             log._unit.append(names.get(id(group), "?"))
@@ -108,6 +119,7 @@ class CollectiveLog:
         dist.reduce_scatter_single = reduce_scatter
         dist.all_reduce = all_reduce
         FSDPParamGroup.unshard = unshard
+        FSDPState._pre_backward = pre_backward  # hooked on outputs in each forward
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -117,7 +129,10 @@ class CollectiveLog:
 
         for key, attr in _WRAPPED.items():
             setattr(dist, attr, self._saved[key])
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
         FSDPParamGroup.unshard = self._saved["unshard"]
+        FSDPState._pre_backward = self._saved["pre_backward"]
 
 
 def _storage_bytes(tensor: torch.Tensor | None) -> int:

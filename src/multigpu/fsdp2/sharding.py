@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from multigpu.miniddp import broadcast_from_rank0
+from multigpu.zero import shard_linears_and_root
 
 
 def cpu_mesh(shape: Sequence[int] | None = None, names: Sequence[str] | None = None):
@@ -57,26 +58,24 @@ def shard_layers(
     copy_first: bool = True,
     **knobs: Any,
 ) -> nn.Module:
-    """``fully_shard`` on every layer of :func:`layers_to_shard`, then on the whole
-    model, over ``mesh`` (default: :func:`cpu_mesh`), with ``knobs`` passed to each
-    call (``reshard_after_forward``, ``mp_policy``). A copy of ``model`` from rank
-    0's weights and buffers unless ``copy_first`` is False (14b)."""
-    from torch.distributed.fsdp import fully_shard
-
+    """13's :func:`~multigpu.zero.shard_linears_and_root` (``fully_shard`` on every
+    layer of :func:`layers_to_shard`, then on the whole model) over ``mesh``
+    (default: :func:`cpu_mesh`), with ``knobs`` passed to each call
+    (``reshard_after_forward``, ``mp_policy``). A copy of ``model`` from rank 0's
+    weights and buffers unless ``copy_first`` is False (14b)."""
     mesh = mesh if mesh is not None else cpu_mesh()
     if copy_first:
         model = copy.deepcopy(model)
         broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
-    for layer in layers_to_shard(model):
-        fully_shard(layer, mesh=mesh, **knobs)
-    fully_shard(model, mesh=mesh, **knobs)
-    return model
+    return shard_linears_and_root(model, mesh=mesh, **knobs)
 
 
 def set_prefetch(units: Sequence[nn.Module], depth: int) -> None:
     """Explicit prefetching: unit i all-gathers units i+1..i+depth right after its
     own all-gather in forward, and units i-1..i-depth in backward; ``units`` in
-    forward order; depth 0 sets no prefetching (14b)."""
+    forward order. Depth 0 sets nothing and leaves FSDP2's defaults: no forward
+    prefetching, and in backward the unit before this one (``_backward_prefetch``
+    in ``_fsdp_param_group.py``) (14b)."""
     if depth < 0:
         raise ValueError(f"depth must be 0 or more, got {depth}. Pass e.g. depth=1.")
     if depth == 0:

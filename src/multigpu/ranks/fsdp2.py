@@ -133,8 +133,15 @@ def train_rank(
         "norm types": result.norm_types,
         "parameters": result.parameters,
         "counts": {kind: log.count(kind) for kind in kinds},
+        "group sizes": {
+            kind: sorted({c["group size"] for c in log.calls if c["kind"] == kind})
+            for kind in kinds
+        },
         "all-gather dtypes": sorted(
-            {c["dtype"] for c in log.calls if "gather" in c["kind"]}
+            {c["dtype"] for c in log.calls if c["kind"] == "all-gather"}
+        ),
+        "reduce-scatter dtypes": sorted(
+            {c["dtype"] for c in log.calls if c["kind"] == "reduce-scatter"}
         ),
         "stored bytes": parameter_bytes_held(sharded)["sharded"],
         "placements": {n: str(p.placements) for n, p in sharded.named_parameters()},
@@ -143,21 +150,25 @@ def train_rank(
 
 def prefetch_rank(
     rank: int, world_size: int, model: nn.Module, batch: MicroBatch, depth: int
-) -> list[str]:
-    """Rank function: the forward pass at prefetch ``depth`` as a sequence of
-    events, "all-gather <unit>" when a unit's all-gather is issued and "compute
-    <unit>" when its forward starts (14b)."""
+) -> dict[str, list[str]]:
+    """Rank function: one forward and one backward at prefetch ``depth``, each as
+    a sequence of events, "all-gather <unit>" when a unit's all-gather is issued
+    and "compute <unit>" when its forward (or backward) starts (14b)."""
     sharded = shard_layers(model)
     units = layers_to_shard(sharded)
     set_prefetch(units, depth)
     names = {id(module): name for name, module in sharded.named_modules()}
+    inputs, labels = rank_part(batch, rank, world_size)
     with CollectiveLog(sharded) as log:
         for unit in units:  # after FSDP2's own pre-forward hook: parameters ready
             unit.register_forward_pre_hook(
                 lambda module, args: log.mark(f"compute {names[id(module)]}")
             )
-        sharded(rank_part(batch, rank, world_size)[0])
-    return log.events
+        loss = nn.functional.cross_entropy(sharded(inputs), labels)
+        forward = list(log.events)
+        log.clear()
+        loss.backward()
+    return {"forward": forward, "backward": list(log.events)}
 
 
 def meta_init_rank(

@@ -76,5 +76,26 @@ bench: $(STAMP)
 		bench/compare_notebook_outputs.py,$(wildcard bench/*.py)); do \
 		echo "== $$f"; $(THREADS) $(BIN)/python $$f || exit 1; done
 
+# The course as a static site (optional): build/site/index.html from README, docs/
+# and the notebooks' stored outputs; tools installed on demand (constraints-site.txt).
+SITE_STAMP := $(VENV)/.site-installed
+SITE_TOOLS := sphinx myst-nb sphinx-book-theme jupyter-server-mathjax selenium
+
+.PHONY: site test-site
+
+$(SITE_STAMP): $(STAMP) constraints-site.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -c constraints-site.txt \
+		$(SITE_TOOLS)
+	touch $(SITE_STAMP)
+
+site: $(SITE_STAMP)
+	$(BIN)/python book/stage.py build/site-src
+	$(BIN)/sphinx-build -W --keep-going -q -b html -d build/site-doctrees build/site-src build/site
+	@echo "The site: build/site/index.html"
+
+# The built site in headless Chromium (Debian: apt-get install -y chromium chromium-driver).
+test-site: site
+	MULTIGPU_SITE=1 $(BIN)/pytest -p no:randomly tests/site
+
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -12,7 +12,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb)) \
 	$(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 
-.PHONY: setup lab doctor test test-slow lint pytest nbval run notebooks bench clean
+.PHONY: setup lab doctor test test-slow test-browser lint pytest nbval run notebooks bench clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,14 @@ pytest: $(STAMP)
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)
 	MULTIGPU_SLOW=1 $(THREADS) $(BIN)/pytest tests/snapshot tests/faults
+
+# JupyterLab's own Run All on every lesson notebook in headless Chromium, checked
+# against the stored outputs as nbval checks them (tests/browser; a table of seconds
+# per notebook closes the run). Needs Debian's chromium and chromium-driver; installs
+# selenium on demand (constraints-site.txt); skips, saying why, where one is missing.
+test-browser: $(STAMP)
+	-$(BIN)/python -m pip install --quiet -c constraints.txt -c constraints-site.txt selenium
+	MULTIGPU_BROWSER=1 $(THREADS) $(BIN)/pytest -p no:randomly -v -rs tests/browser
 
 # Twice: with this machine's CPU kernels, then with none (ATEN_CPU_CAPABILITY=default,
 # as on some ARM builds), so that no stored output depends on the processor.

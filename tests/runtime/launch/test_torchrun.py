@@ -124,6 +124,14 @@ def _torchrun_started_by_this_process(within_s: float) -> psutil.Process:
     raise AssertionError(f"no torchrun started within {within_s} s")
 
 
+def _command_line(process: psutil.Process) -> list[str]:
+    """``process``'s command line; [] for one that has just exited (a zombie)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _stop_a_rank(torchrun: psutil.Process, within_s: float) -> list[psutil.Process]:
     """SIGSTOP the first rank torchrun starts; return torchrun's tree, the stopped
     rank first."""
@@ -132,8 +140,8 @@ def _stop_a_rank(torchrun: psutil.Process, within_s: float) -> list[psutil.Proce
         ranks = [
             child
             for child in torchrun.children()
-            if "multigpu.ddp" in child.cmdline()
-            and "torch.distributed.run" not in child.cmdline()
+            if "multigpu.ddp" in _command_line(child)
+            and "torch.distributed.run" not in _command_line(child)
         ]
         if ranks:
             ranks[0].suspend()  # SIGSTOP

@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 from multigpu.core.checks import check_positive_int
+from multigpu.exercises._learner_code import importable_or_raise
 from multigpu.fsdp2 import MicroBatch, train_one_process
 from multigpu.ranks.fsdp2 import accumulation_check_rank, meta_exercise_rank
 from multigpu.runtime.launch import (
     WorkerError,
-    WorkerNotImportableError,
-    check_importable,
     spawn,
 )
 from multigpu.zero import make_mlp
@@ -62,15 +61,7 @@ def check_accumulation_step(
     the gradients once per step and call the optimizer once per step? (passed,
     what to fix) (14b)."""
     check_positive_int("world_size", world_size)
-    name = getattr(step_function, "__qualname__", repr(step_function))
-    try:
-        check_importable(step_function)
-    except (TypeError, WorkerNotImportableError):
-        raise WorkerNotImportableError(
-            f"The step function {name!r} cannot be imported by the ranks. Write it "
-            "in a module (in a notebook, a %%module cell), import it from there and "
-            "pass the imported function."
-        ) from None
+    importable_or_raise(step_function, "step function")
     model, steps = accumulation_problem()
     count, micro = len(steps), len(steps[0])
     try:
@@ -193,15 +184,7 @@ def check_build_sharded(
     and the whole model, allocate only this rank's shards (``to_empty`` after
     ``fully_shard``) and initialise them? (passed, what to fix) (14b)."""
     check_positive_int("world_size", world_size)
-    name = getattr(build_function, "__qualname__", repr(build_function))
-    try:
-        check_importable(build_function)
-    except (TypeError, WorkerNotImportableError):
-        raise WorkerNotImportableError(
-            f"The build function {name!r} cannot be imported by the ranks. Write it "
-            "in a module (in a notebook, a %%module cell), import it from there and "
-            "pass the imported function."
-        ) from None
+    importable_or_raise(build_function, "build function")
     try:
         per_rank = spawn(
             meta_exercise_rank, world_size, build_function, META_SIZES, timeout=60

@@ -11,33 +11,16 @@ import torch
 from torch.nn import functional as F
 
 from multigpu.core.reproducibility import round_sig
+from multigpu.exercises._learner_code import importable_or_raise, last_line
 from multigpu.ranks.tensor_parallel import loss_exercise_rank, mlp_exercise_rank
 from multigpu.runtime.launch import (
     WorkerError,
-    WorkerNotImportableError,
-    check_importable,
     spawn,
 )
 from multigpu.tensor_parallel import MLP, column_shard, row_shard
 
 WORLD_SIZE = 2
 CLOSE = 1e-9  # float64: a right answer is ~1e-15 away
-
-
-def _importable_or_raise(function: object, what: str) -> None:
-    name = getattr(function, "__qualname__", repr(function))
-    try:
-        check_importable(function)
-    except (TypeError, WorkerNotImportableError):
-        raise WorkerNotImportableError(
-            f"The {what} {name!r} cannot be imported by the ranks. Write it in a "
-            "module (in a notebook, a %%module cell), import it from there and pass "
-            "the imported object."
-        ) from None
-
-
-def _last_line(error: WorkerError) -> str:
-    return (error.traceback.strip().splitlines() or [str(error)])[-1]
 
 
 def _near(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -75,8 +58,8 @@ def check_row_parallel(
     (``reduce_from``) and ``row_parallel_linear(x_shard, weight_shard, bias)``;
     compare output and gradients with one process (15's exercise 1)."""
     for obj, what in ((copy_to, "f"), (reduce_from, "g")):
-        _importable_or_raise(obj, what)
-    _importable_or_raise(row_parallel_linear, "function")
+        importable_or_raise(obj, what, passed="object")
+    importable_or_raise(row_parallel_linear, "function", passed="object")
     mlp, x, grad_out = _mlp_problem()
     xr = x.clone().requires_grad_(True)
     expected = mlp(xr)
@@ -94,7 +77,7 @@ def check_row_parallel(
             timeout=30.0,
         )
     except WorkerError as error:
-        return False, f"FAIL: a rank raised {_last_line(error)}"
+        return False, f"FAIL: a rank raised {last_line(error)}"
     bias = mlp.fc2.bias.detach()
     for rank, result in enumerate(results):
         out = result["out"]
@@ -216,14 +199,14 @@ def check_vocab_parallel_loss(
     """Run the learner's per-token ``loss_function(local_logits, target, start)``
     on 2 ranks and compare with ``F.cross_entropy(..., reduction="none")`` of the
     whole logits (15's exercise 2)."""
-    _importable_or_raise(loss_function, "function")
+    importable_or_raise(loss_function, "function", passed="object")
     cases = _loss_cases()
     try:
         results = spawn(
             loss_exercise_rank, WORLD_SIZE, loss_function, cases, timeout=30.0
         )
     except WorkerError as error:
-        return False, f"FAIL: a rank raised {_last_line(error)}"
+        return False, f"FAIL: a rank raised {last_line(error)}"
     for index, (logits, target) in enumerate(cases):
         expected = F.cross_entropy(logits, target, reduction="none")
         wrong = _wrong_losses(logits, target)

@@ -18,11 +18,10 @@ from multigpu.core.checks import check_positive_int
 from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig, cpu_state_dict
 from multigpu.costmodel import zero_bytes_sent_per_rank
+from multigpu.exercises._learner_code import importable_or_raise, last_line
 from multigpu.ranks.zero import fsdp2_exercise_rank, stages_rank
 from multigpu.runtime.launch import (
     WorkerError,
-    WorkerNotImportableError,
-    check_importable,
     spawn,
 )
 from multigpu.zero import ShardedStep, train_single_process_adam
@@ -39,22 +38,6 @@ _NO_DCP_CHECKPOINT = (
     "dcp.save({'model': model.state_dict()}, checkpoint_id=checkpoint_dir), which "
     "writes one file per rank and the .metadata that maps them."
 )
-
-
-def _importable_or_raise(function: Callable[..., object], what: str) -> None:
-    name = getattr(function, "__qualname__", repr(function))
-    try:
-        check_importable(function)
-    except (TypeError, WorkerNotImportableError):
-        raise WorkerNotImportableError(
-            f"The {what} {name!r} cannot be imported by the ranks. Write it in a "
-            "module (in a notebook, a %%module cell), import it from there and pass "
-            "the imported function."
-        ) from None
-
-
-def _last_line(error: WorkerError) -> str:
-    return (error.traceback.strip().splitlines() or [str(error)])[-1]
 
 
 def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -142,7 +125,7 @@ def check_zero2_step(
     process on the global batch, keep only its chunk of the gradient and send what
     a reduce-scatter and an all-gather send? (passed, what to fix) (13)."""
     check_positive_int("world_size", world_size)
-    _importable_or_raise(step, "step")
+    importable_or_raise(step, "step")
     reference = train_single_process_adam(model, X, y, config)
     steps = len(reference.step_loss)
     try:
@@ -154,7 +137,7 @@ def check_zero2_step(
             timeout=60,
         )
     except WorkerError as error:
-        return False, f"FAIL: your step raised an error: {_last_line(error)}"
+        return False, f"FAIL: your step raised an error: {last_line(error)}"
     results = [per_rank[0] for per_rank in results]
     distance = max(_distance(r.parameters, reference.parameters) for r in results)
     if distance > tolerance:
@@ -210,7 +193,7 @@ def _diagnose_error(error: WorkerError, checkpoint_dir: Path) -> str:
             "state = {'model': fresh.state_dict()}, then "
             "fresh.load_state_dict(state['model'])."
         )
-    return f"FAIL: your rank function raised an error: {_last_line(error)}"
+    return f"FAIL: your rank function raised an error: {last_line(error)}"
 
 
 def _diagnose_sharding(report: dict) -> str | None:
@@ -254,7 +237,7 @@ def check_fsdp2_rank(
     :func:`multigpu.ranks.zero.train_fsdp2` does), save a DCP checkpoint and load it
     back, equal, into ``fresh``? (passed, what to fix) (13)."""
     check_positive_int("world_size", world_size)
-    _importable_or_raise(rank_function, "rank function")
+    importable_or_raise(rank_function, "rank function")
     reference = train_single_process_adam(model, X, y, config)
     fresh = copy.deepcopy(model)
     with torch.no_grad():  # weights unlike the trained ones: a load must show

@@ -25,6 +25,9 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 WRITTEN: set[Path] = set()
+# The front page of each folder: a page this script writes into the staged tree
+# (build/site-src), not a file of the repository.
+STAGED_INDEX = "index" + ".md"
 
 
 def write(path: Path, text: str) -> None:
@@ -238,7 +241,7 @@ def stage(dest: Path) -> None:
                 json.dumps(answers, indent=1) + "\n",
             )
     write(
-        dest / "notebooks" / "solutions" / "index.md",
+        dest / "notebooks" / "solutions" / STAGED_INDEX,
         "---\norphan: true\n---\n\n# Solutions\n\n"
         "Every lesson's exercises, solved, executed and checked like the lessons.\n\n"
         + "\n".join(solution_links)
@@ -256,7 +259,7 @@ def stage(dest: Path) -> None:
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     readme = readme.replace(
-        "](notebooks/solutions/)", "](notebooks/solutions/index.md)"
+        "](notebooks/solutions/)", f"](notebooks/solutions/{STAGED_INDEX})"
     )
 
     def toctree(caption: str, entries: list[str]) -> str:
@@ -266,7 +269,7 @@ def stage(dest: Path) -> None:
     index = readme + toctree("Lessons", contents)
     index += toctree("Documentation", [f"docs/{doc.stem}" for doc in docs])
     index += toctree("Package source", pages)
-    write(dest / "index.md", index)
+    write(dest / STAGED_INDEX, index)
     # A notebook or doc removed or renamed since the last build leaves no page behind.
     for path in dest.rglob("*"):
         static = path.is_relative_to(dest / "_static")

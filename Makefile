@@ -9,10 +9,15 @@ STAMP := $(VENV)/.installed
 THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONHASHSEED=0
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	--nbval-cell-timeout 120
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb)) \
-	$(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
+LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+NOTEBOOKS := $(LESSONS) $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
+# The parts of `make test` after lint run at once, each printed whole when it ends:
+# no part uses both cores all the time (ranks start, wait, and exchange), together
+# they do. STREAMS=1 runs them one after the other.
+STREAMS ?= 3
 
-.PHONY: setup lab doctor test test-slow test-browser lint pytest nbval run notebooks bench clean
+.PHONY: setup lab doctor test test-slow test-browser lint pytest nbval nbval-native \
+	nbval-default run notebooks bench clean
 
 setup: $(STAMP)
 
@@ -32,7 +37,9 @@ lab: $(STAMP)
 doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
-test: lint pytest nbval
+test: lint
+	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
+		pytest nbval-native nbval-default
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -55,11 +62,22 @@ test-browser: $(STAMP)
 	-$(BIN)/python -m pip install --quiet -c constraints.txt -c constraints-site.txt selenium
 	MULTIGPU_BROWSER=1 $(THREADS) $(BIN)/pytest -p no:randomly -v -rs tests/browser
 
-# Twice: with this machine's CPU kernels, then with none (ATEN_CPU_CAPABILITY=default,
-# as on some ARM builds), so that no stored output depends on the processor.
+# Every notebook with this machine's CPU kernels, each followed by a re-run of its
+# code cells in reverse order (tests/nbval_rerun.py); then the lessons with no CPU
+# kernels (ATEN_CPU_CAPABILITY=default, as on some ARM builds), so that no stored
+# output depends on the processor. The solutions print what their lessons' code
+# prints, so they run with one kernel set.
 nbval: $(STAMP)
-	$(THREADS) $(BIN)/pytest -p no:randomly $(NBVAL) $(NOTEBOOKS)
-	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/pytest -p no:randomly $(NBVAL) $(NOTEBOOKS)
+	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
+		nbval-native nbval-default
+
+nbval-native: $(STAMP)
+	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+		--nbval-rerun $(NBVAL) $(NOTEBOOKS)
+
+nbval-default: $(STAMP)
+	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \
+		$(NBVAL) $(LESSONS)
 
 # A workshop dry run: execute every notebook into build/ as HTML, change nothing.
 run: $(STAMP)

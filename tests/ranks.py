@@ -30,6 +30,14 @@ def wait_for_each_other_rank(rank: int, world_size: int) -> int:
     return int(incoming.item())
 
 
+def fail_while_peer_waits_on_a_receive_rank(rank: int, world_size: int) -> None:
+    """Rank 1 fails at once; rank 0 waits on ``irecv(...).wait()`` from it, which
+    gloo ends with "Connection closed by peer" (tests of launch)."""
+    if rank == 1:
+        raise ValueError("rank 1's own mistake")
+    dist.irecv(torch.zeros(1), src=1).wait()
+
+
 def start_sleeper_then_fail_rank(rank: int, world_size: int, pid_file: str) -> None:
     """Start a long-sleeping subprocess, record its pid in ``pid_file``, then raise
     (tests of launch)."""

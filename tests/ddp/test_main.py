@@ -94,61 +94,88 @@ def _check_one_line(code, output, expected):
     assert code == 1  # torchrun's own: a rank failed
 
 
+WRONG_OPTIONS = [
+    (
+        "--epochs 0",
+        "--epochs must be an integer of at least 1, got 0. Pass e.g. --epochs 5.",
+    ),
+    (
+        "--epochs -1",
+        "--epochs must be an integer of at least 1, got -1. Pass e.g. --epochs 5.",
+    ),
+    (
+        "--batch-size 0",
+        "--batch-size must be an integer of at least 1, got 0. "
+        "Pass e.g. --batch-size 64.",
+    ),
+    ("--lr nan", "--lr must be a finite number, got nan. Pass e.g. --lr 0.05."),
+    (
+        "--accumulation 0",
+        "--accumulation must be an integer of at least 1, got 0."
+        " Pass 1 for no accumulation.",
+    ),
+    (
+        "--momentum -1",
+        "--momentum must not be negative, got -1.0. Pass e.g. "
+        "--momentum 0.9, or 0 for none.",
+    ),
+    (
+        "--samples 10",
+        "--samples 10 gives 10 samples, fewer than one global batch "
+        "(--batch-size 64) on 2 ranks: no rank would train a single step. "
+        "Pass more --samples or a smaller --batch-size.",
+    ),
+    (
+        "--checkpoint /sys/last.pt",
+        "--checkpoint /sys/last.pt: cannot write a file "
+        "in /sys (permission denied). Pass a --checkpoint path in a folder you can "
+        "write to, with space left.",
+    ),
+    (
+        "--snapshot s --kill-rank 5 --kill-at-step 3",
+        "--kill-rank 5 is not a rank of this run: torchrun started 2 (0 to 1). "
+        "Pass a rank from 0 to 1, or start more ranks.",
+    ),
+    (
+        "--snapshot s --kill-rank 1 --kill-at-step -4",
+        "--kill-at-step must be 0 or "
+        "more, got -4. Pass the steps done before it dies, e.g. --kill-at-step 1.",
+    ),
+    (
+        "--snapshot s --samples 256 --epochs 2 --kill-rank 1 --kill-at-step 8",
+        "--kill-at-step 8 never comes: this run trains 8 steps (2 epochs of 4), so "
+        "the fault would not fire. Pass a step from 0 to 7.",
+    ),
+]
+# From a shell under torchrun: an option argparse refuses, one that does not fit the
+# data, one that does not fit the ranks torchrun started.
+FROM_A_SHELL = (
+    "--epochs 0",
+    "--samples 10",
+    "--snapshot s --kill-rank 5 --kill-at-step 3",
+)
+
+
+@pytest.mark.parametrize("options, message", WRONG_OPTIONS)
+def test_a_wrong_option_is_one_line_before_the_group_starts(
+    tmp_path, monkeypatch, capsys, options, message
+):
+    """The script's main on rank 0 of 2, as torchrun starts it, in this process."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    main = importlib.import_module(MAIN).main
+    with pytest.raises(SystemExit) as exited:
+        main(["--no-progress", *shlex.split(options)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"{PROG}: error: {message}\n"
+    assert not dist.is_initialized()
+    assert not (tmp_path / "s").exists()  # stopped before the loop made it
+
+
 @pytest.mark.parametrize(
-    "options, message",
-    [
-        (
-            "--epochs 0",
-            "--epochs must be an integer of at least 1, got 0. Pass e.g. --epochs 5.",
-        ),
-        (
-            "--epochs -1",
-            "--epochs must be an integer of at least 1, got -1. Pass e.g. --epochs 5.",
-        ),
-        (
-            "--batch-size 0",
-            "--batch-size must be an integer of at least 1, got 0. "
-            "Pass e.g. --batch-size 64.",
-        ),
-        ("--lr nan", "--lr must be a finite number, got nan. Pass e.g. --lr 0.05."),
-        (
-            "--accumulation 0",
-            "--accumulation must be an integer of at least 1, got 0."
-            " Pass 1 for no accumulation.",
-        ),
-        (
-            "--momentum -1",
-            "--momentum must not be negative, got -1.0. Pass e.g. "
-            "--momentum 0.9, or 0 for none.",
-        ),
-        (
-            "--samples 10",
-            "--samples 10 gives 10 samples, fewer than one global batch "
-            "(--batch-size 64) on 2 ranks: no rank would train a single step. "
-            "Pass more --samples or a smaller --batch-size.",
-        ),
-        (
-            "--checkpoint /sys/last.pt",
-            "--checkpoint /sys/last.pt: cannot write a file "
-            "in /sys (permission denied). Pass a --checkpoint path in a folder you can "
-            "write to, with space left.",
-        ),
-        (
-            "--snapshot s --kill-rank 5 --kill-at-step 3",
-            "--kill-rank 5 is not a rank of this run: torchrun started 2 (0 to 1). "
-            "Pass a rank from 0 to 1, or start more ranks.",
-        ),
-        (
-            "--snapshot s --kill-rank 1 --kill-at-step -4",
-            "--kill-at-step must be 0 or "
-            "more, got -4. Pass the steps done before it dies, e.g. --kill-at-step 1.",
-        ),
-        (
-            "--snapshot s --samples 256 --epochs 2 --kill-rank 1 --kill-at-step 8",
-            "--kill-at-step 8 never comes: this run trains 8 steps (2 epochs of 4), so "
-            "the fault would not fire. Pass a step from 0 to 7.",
-        ),
-    ],
+    "options, message", [case for case in WRONG_OPTIONS if case[0] in FROM_A_SHELL]
 )
 def test_a_wrong_option_is_one_line_from_torchrun(tmp_path, options, message):
     code, output = run_shell(f"{SCRIPT} {options}", SHELL_TIMEOUT, cwd=tmp_path)

@@ -41,3 +41,13 @@ def test_a_timeout_is_recognised_by_kind_and_only_after_the_timeout():
     assert launch.is_timeout(TimeoutError(), waited_s=2.0, timeout=1.0)
     assert not launch.is_timeout(store_timeout, waited_s=0.5, timeout=1.0)
     assert not launch.is_timeout(ValueError("timed out"), waited_s=2.0, timeout=1.0)
+
+
+def test_a_peers_closed_connection_in_work_wait_does_not_hide_the_cause(no_leftovers):
+    # gloo raises it from the caller's line (irecv(...).wait()), not from inside
+    # torch.distributed: its text marks it as a peer's symptom all the same.
+    with pytest.raises(WorkerError) as caught:
+        spawn(test_ranks.fail_while_peer_waits_on_a_receive_rank, 2, timeout=30.0)
+    assert str(caught.value).startswith(
+        "Rank 1 of 2 failed with ValueError: rank 1's own mistake"
+    )

@@ -83,21 +83,20 @@ def test_exit_rank_flushes_the_output_and_keeps_the_exit_status():
 
 def test_ranks_ending_with_exit_rank_never_abort(no_leftovers):
     # Without exit_rank, 4 such ranks aborted in 1 launch of 30 and 1 of 40 on a
-    # 2-core machine (bench/exit_abort.py): too rare to show in a test. With it, no
-    # launch may fail.
-    for _ in range(5):
-        result = run_torchrun(
-            "multigpu.ranks.torchrun_example",
-            4,
-            "ddp-exit",
-            "exit_rank",
-            timeout=120.0,
-            check=False,
-        )
-        output = result.stdout + result.stderr
-        assert "terminate called" not in output
-        assert result.returncode == 0, output[-2000:]
-        assert "after destroy_process_group" in result.stdout
+    # 2-core machine (bench/exit_abort.py, which counts over many launches): too rare
+    # to show in a test, so one launch here checks that the ranks end cleanly.
+    result = run_torchrun(
+        "multigpu.ranks.torchrun_example",
+        4,
+        "ddp-exit",
+        "exit_rank",
+        timeout=120.0,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert "terminate called" not in output
+    assert result.returncode == 0, output[-2000:]
+    assert "after destroy_process_group" in result.stdout
 
 
 def test_run_torchrun_stops_a_run_that_takes_too_long():

@@ -12,10 +12,12 @@ NO_TIMEOUT = timedelta(days=365)
 
 
 def is_communication_error(exc: BaseException) -> bool:
-    """True for errors raised inside torch.distributed (often a peer's symptom)."""
+    """True for errors raised inside torch.distributed (often a peer's symptom),
+    and for gloo's transport errors wherever they surface (``work.wait()`` raises
+    "Connection closed by peer" from the caller's own line)."""
     import torch.distributed as dist
 
-    if isinstance(exc, dist.DistError):
+    if isinstance(exc, dist.DistError) or "gloo/transport/" in str(exc):
         return True
     frames = traceback.extract_tb(exc.__traceback__)
     return bool(frames) and "torch/distributed/" in frames[-1].filename.replace(

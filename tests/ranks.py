@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,16 @@ def fail_while_peer_waits_on_a_receive_rank(rank: int, world_size: int) -> None:
     if rank == 1:
         raise ValueError("rank 1's own mistake")
     dist.irecv(torch.zeros(1), src=1).wait()
+
+
+def time_out_while_peer_waits_longer_rank(rank: int, world_size: int) -> None:
+    """Rank 1 waits in an all_reduce rank 0 never joins and times out (the group's
+    timeout); rank 0 waits 30 s on a receive and sees rank 1's connection close
+    (tests of launch)."""
+    if rank == 1:
+        dist.all_reduce(torch.zeros(1))
+    else:
+        dist.irecv(torch.zeros(1), src=1).wait(timedelta(seconds=30))
 
 
 def start_sleeper_then_fail_rank(rank: int, world_size: int, pid_file: str) -> None:

@@ -51,3 +51,12 @@ def test_a_peers_closed_connection_in_work_wait_does_not_hide_the_cause(no_lefto
     assert str(caught.value).startswith(
         "Rank 1 of 2 failed with ValueError: rank 1's own mistake"
     )
+
+
+def test_the_rank_that_timed_out_is_named_not_the_peer_it_left(no_leftovers):
+    # Rank 1 times out and ends; rank 0 then sees "Connection closed by peer". Both
+    # are torch.distributed's errors; the closed connection is the symptom.
+    with pytest.raises(WorkerError) as caught:
+        spawn(test_ranks.time_out_while_peer_waits_longer_rank, 2, timeout=1.0)
+    assert caught.value.rank == 1
+    assert caught.value.timed_out

@@ -4,6 +4,7 @@ others, or the ranks still running at the deadline."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import traceback
@@ -42,6 +43,10 @@ def _last_lines(text: str, count: int = _STDERR_LINES_SHOWN) -> list[str]:
     return [line[:500] for line in lines[-count:]]
 
 
+# gloo's words when the rank at the other end of a connection has ended.
+_PEER_CLOSED = re.compile(r"Connection (closed|reset) by peer")
+
+
 class Failure:
     """What the parent learnt about one failed rank."""
 
@@ -62,12 +67,15 @@ class Failure:
 
     @property
     def priority(self) -> int:
-        """0: the worker's own exception, 1: died, 2: a peer's communication error."""
+        """0: the worker's own exception, 1: died, 2: a communication error (a
+        timeout, say), 3: a connection the peer closed (always another rank's end)."""
         if self.unpickle_error is not None:
             return 0
         if self.report is None:
             return 1
-        return 2 if self.report["communication"] else 0
+        if not self.report["communication"]:
+            return 0
+        return 3 if _PEER_CLOSED.search(self.report["message"] or "") else 2
 
     def describe(self, world_size: int) -> tuple[str, str]:
         """The headline and the traceback text of this failure."""
@@ -141,13 +149,13 @@ def failure_error(
     for failure in failures:
         failure.stderr = stderr.text(failure.rank)
     first = min(failures, key=lambda f: (f.priority, f.rank))
-    timed_out = first.priority == 2 and (
+    timed_out = first.priority >= 2 and (
         bool(first.report["timed_out"]) or (bool(silent) and waited_long_enough)
     )
     headline, tb = first.describe(world_size)
     message = headline
     peers_returned = returned - {first.rank}
-    if first.priority == 2 and peers_returned:
+    if first.priority >= 2 and peers_returned:
         message = (
             f"Rank {first.rank} of {world_size} was still in a collective when "
             f"{_ranks_text(peers_returned)} returned normally from the worker: the "
@@ -157,7 +165,7 @@ def failure_error(
             "whose length differs). torch.distributed's own error is in "
             "error.traceback"
         )
-    elif first.priority == 2 and silent:
+    elif first.priority >= 2 and silent:
         message += (
             f". Rank(s) {sorted(silent)} had not reported: a rank that never joins "
             "a collective makes the others time out"

@@ -8,13 +8,8 @@ import os
 
 import pytest
 
-from tests.browser.lab import (
-    INSTALL_HINT,
-    Lab,
-    LabServer,
-    copy_notebooks,
-    find_chromium,
-)
+from tests.browser.lab import Lab, LabServer, copy_notebooks
+from tests.chromium import chromium_missing, find_chromium
 
 OPT_IN = "MULTIGPU_BROWSER"
 RESULTS: list[tuple[str, float, str]] = []  # (notebook, Run All seconds, result)
@@ -24,12 +19,7 @@ def skip_reason() -> str | None:
     """Why the browser run cannot happen here (None when it can)."""
     if os.environ.get(OPT_IN) != "1":
         return f"the browser run is `make test-browser` (sets {OPT_IN}=1)"
-    browser, driver = find_chromium()
-    if browser is None:
-        return f"Chromium not found ({INSTALL_HINT})"
-    if driver is None:
-        return f"chromedriver not found ({INSTALL_HINT})"
-    return None
+    return chromium_missing()
 
 
 @pytest.fixture(scope="session")

@@ -26,16 +26,6 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-INSTALL_HINT = "on Debian: apt-get install -y chromium chromium-driver"
-
-
-def find_chromium() -> tuple[str | None, str | None]:
-    """The browser and its driver: $CHROME_BIN/$CHROMEDRIVER, else on PATH."""
-    browsers = [os.environ.get("CHROME_BIN") or "", *CHROMIUM_NAMES]
-    browser = next(filter(None, map(shutil.which, filter(None, browsers))), None)
-    driver = shutil.which(os.environ.get("CHROMEDRIVER") or "chromedriver")
-    return browser, driver
 
 
 def free_port() -> int:

@@ -8,14 +8,8 @@ import os
 
 import pytest
 
-from tests.site.crawl import (
-    INSTALL_HINT,
-    SITE,
-    SiteServer,
-    chromium,
-    crawl,
-    find_chromium,
-)
+from tests.chromium import chromium_missing, find_chromium
+from tests.site.crawl import SITE, SiteServer, chromium, crawl
 
 OPT_IN = "MULTIGPU_SITE"
 
@@ -26,12 +20,7 @@ def skip_reason() -> str | None:
         return f"the site check is `make test-site` (sets {OPT_IN}=1)"
     if not (SITE / "index.html").exists():
         return f"no built site in {SITE} (run `make site`)"
-    browser, driver = find_chromium()
-    if browser is None:
-        return f"Chromium not found ({INSTALL_HINT})"
-    if driver is None:
-        return f"chromedriver not found ({INSTALL_HINT})"
-    return None
+    return chromium_missing()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -17,7 +16,6 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "build" / "site"
-INSTALL_HINT = "Debian: apt-get install -y chromium chromium-driver"
 
 # What a page holds, read in the browser once it has loaded.
 PAGE_SCRIPT = """
@@ -40,14 +38,6 @@ const done = arguments[arguments.length - 1];
 if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(() => done(true)); }
 else { done(false); }
 """
-
-
-def find_chromium() -> tuple[str | None, str | None]:
-    """The Chromium and chromedriver executables (None where missing)."""
-    browser = next(
-        filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None
-    )
-    return browser, shutil.which("chromedriver")
 
 
 @dataclass

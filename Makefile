@@ -14,8 +14,8 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 # How many parts of `make test` (after lint) run at once, each printed whole when it
-# ends. One by default: on 2 cores, three at once took 16 min instead of 21, but the
-# load delayed ranks enough to change what two timing demos of 11 print.
+# ends. One by default: on 2 cores, three at once took 17 min instead of 21, but the
+# load delayed ranks enough to change what a timing demo of 11 prints (a late rank).
 STREAMS ?= 1
 
 .PHONY: setup lab doctor test test-slow test-browser lint pytest nbval nbval-native \

@@ -16,6 +16,7 @@ The re-run items are named ``Cell N re-run``, after nbval's ``Cell N``.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 from nbval.plugin import IPyNbCell
@@ -54,20 +55,17 @@ def _rerun_items(cells: list[IPyNbCell]) -> list[ReRunCell]:
     return reruns
 
 
+def _notebook_of(item: pytest.Item):
+    """The notebook a cell item belongs to; None for any other test."""
+    return item.parent if isinstance(item, IPyNbCell) else None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
     if not config.getoption("nbval_rerun"):
         return
-    ordered: list = []
-    notebook: list[IPyNbCell] = []
-    for item in [*items, None]:
-        if notebook and (
-            not isinstance(item, IPyNbCell) or item.parent is not notebook[-1].parent
-        ):
-            ordered.extend(_rerun_items(notebook))
-            notebook = []
-        if isinstance(item, IPyNbCell) and not isinstance(item, ReRunCell):
-            notebook.append(item)
-        if item is not None:
-            ordered.append(item)
+    ordered = []
+    for notebook, run in itertools.groupby(items, key=_notebook_of):
+        run = list(run)
+        ordered += run if notebook is None else run + _rerun_items(run)
     items[:] = ordered

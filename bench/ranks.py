@@ -27,3 +27,22 @@ def hold_the_gil_rank(rank: int, world_size: int, pid_dir: str) -> None:
         handle.write(str(os.getpid()))
     os.replace(f"{path}.tmp", path)
     re.match(r"(a+)+$", "a" * 64 + "!")  # 2**64 ways to split the a's: never ends
+
+
+def one_training_step_rank(rank: int, world_size: int) -> float:
+    """Build a small model and an SGD optimizer, take one step with the gradients
+    all-reduced, and return the CPU-seconds this process has used since it was
+    forked (bench/launch_cost.py)."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 8)).sum().backward()
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+    optimizer.step()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

@@ -23,6 +23,17 @@ def environment_value_rank(rank: int, world_size: int, name: str) -> str | None:
     return os.environ.get(name)
 
 
+def modules_a_training_step_imports_rank(rank: int, world_size: int) -> list[str]:
+    """The modules that building an optimizer and taking one step import in this
+    rank, sorted (tests of launch: the forkserver should have imported them)."""
+    before = set(sys.modules)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    return sorted(set(sys.modules) - before)
+
+
 def wait_for_each_other_rank(rank: int, world_size: int) -> int:
     """Every rank waits to receive from its neighbour and none sends: all time out
     (tests of launch)."""

@@ -33,6 +33,12 @@ def test_results_come_back_ordered_by_rank_with_limited_threads(no_leftovers):
     assert {row["OMP_NUM_THREADS"] for row in rows} == {"1"}
 
 
+def test_a_rank_imports_nothing_to_take_a_training_step():
+    # torch.optim.Optimizer.__init__ imports torch._dynamo (about 1 CPU-second) on
+    # its first call; the forkserver imports it once, so no rank pays it again.
+    assert spawn(test_ranks.modules_a_training_step_imports_rank, 2) == [[], []]
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_collectives_work_inside_the_workers(world_size):
     expected = world_size * (world_size + 1) // 2

@@ -31,6 +31,16 @@ from multigpu.runtime.launch.timeouts import as_timedelta
 # "forkserver": children forked from a server process that imported torch once;
 # "spawn": each child starts a new interpreter and imports torch (seconds per rank).
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+# What the forkserver imports once, so that no rank imports it again. torch._dynamo:
+# the first torch.optim.Optimizer of a process imports it (add_param_group is wrapped
+# by torch._disable_dynamo, which imports it on its first call), about one CPU-second
+# per rank otherwise (bench/launch_cost.py). Read when the forkserver starts.
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "multigpu.runtime.launch._child",
+]
 DEFAULT_DEADLINE_S = 300.0  # spawn's default bound on a whole launch, in seconds
 RANKS_PER_CORE = 4  # more ranks than this per CPU core: spawn warns
 MAX_RANKS_PER_CORE = 32  # more than this per CPU core: spawn refuses (MAX_RANKS)
@@ -45,13 +55,11 @@ _POLL_S = 0.2  # how often the parent checks exit codes while waiting
 
 
 def _context() -> mp.context.BaseContext:
-    """The multiprocessing context of START_METHOD; a forkserver preloads torch and
-    the child side (_child)."""
+    """The multiprocessing context of START_METHOD; a forkserver preloads
+    FORKSERVER_PRELOAD."""
     context = mp.get_context(START_METHOD)
     if START_METHOD == "forkserver":
-        context.set_forkserver_preload(
-            ["torch", "torch.distributed", "multigpu.runtime.launch._child"]
-        )
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
     return context
 
 

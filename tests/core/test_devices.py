@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -174,3 +176,20 @@ def test_real_cuda_device_resolves():
     device = resolve_device(0)
     assert device.torch_device == torch.device("cuda", 0) and not device.simulated
     assert choose_backend(device) == "nccl"
+
+
+def test_the_visible_device_rules_import_without_torch():
+    # notebook 00 starts child processes that only need these rules
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_IMPORTS_TORCH],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["2", "False"]
+
+
+CHILD_IMPORTS_TORCH = (
+    "import sys; from multigpu.core.visible_devices import physical_id; "
+    "print(physical_id(0, '2,3'), 'torch' in sys.modules)"
+)

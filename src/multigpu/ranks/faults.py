@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 SETUP_TIMEOUT_S = 60.0  # for making the groups of the hang demonstrations
+SKIPPER_WAITS = 3  # how many times the others' timeout the skipping rank waits
 
 
 def _outcome(rank: int, error: BaseException | None) -> dict[str, Any]:
@@ -90,12 +91,17 @@ def skipped_collective_rank(
     such as ``if loss.isfinite(): all_reduce(...)``) and goes on to the next
     collective, a barrier. ``detail``: the group is made at debug level DETAIL,
     what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` gives a torchrun script, so every
-    collective is first checked against the other ranks' (11)."""
+    collective is first checked against the other ranks' (11).
+
+    Rank ``skipping`` gives up after ``SKIPPER_WAITS`` times ``timeout``, so that the
+    ranks in the all-reduce time out first on any machine: a rank that gives up
+    closes its connections, and a peer still waiting would then see "Connection
+    closed by peer" instead of its own timeout (seen on a loaded 2-core machine)."""
     previous = dist.get_debug_level()
     if detail:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     try:
-        group = _short_group(timeout)
+        group = _short_group(timeout * (SKIPPER_WAITS if rank == skipping else 1))
     finally:
         dist.set_debug_level(previous)
     error, log = None, []

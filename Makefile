@@ -23,9 +23,9 @@ STREAMS ?= 3
 
 setup: $(STAMP)
 
-# pip compiles every installed file to bytecode one at a time (25 s of the 77 s);
-# compileall does it on every core. Like pip, it skips a file that does not compile
-# (torch ships one written for Python 3.12), hence `|| true`.
+# pip compiles every installed file to bytecode one at a time; compileall does it on
+# every core (set-up on a fresh clone, 2 cores: 77 s -> 58 s). Like pip, it skips a
+# file that does not compile (torch ships one written for Python 3.12): `|| true`.
 $(STAMP): constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from multigpu.runtime.launch import parent
+from multigpu.runtime.launch import parent, spawn
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, home of bench.ranks
 WITHOUT_DYNAMO = [name for name in parent.FORKSERVER_PRELOAD if name != "torch._dynamo"]
@@ -38,7 +38,6 @@ def measure(preload: list[str], ranks: list[int], launches: int) -> dict[int, fl
     this process, whose forkserver must not have started yet."""
     sys.path.insert(0, str(ROOT))  # the ranks inherit it: they import bench.ranks
     from bench.ranks import one_training_step_rank
-    from multigpu.runtime.launch import spawn
 
     parent.FORKSERVER_PRELOAD = preload
     spawn(one_training_step_rank, 1)  # starts the forkserver, not counted

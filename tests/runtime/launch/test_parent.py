@@ -33,6 +33,9 @@ def test_results_come_back_ordered_by_rank_with_limited_threads(no_leftovers):
     assert {row["OMP_NUM_THREADS"] for row in rows} == {"1"}
 
 
+@pytest.mark.skipif(
+    parent.START_METHOD != "forkserver", reason="only a forkserver preloads modules"
+)
 def test_a_rank_imports_nothing_to_take_a_training_step():
     # torch.optim.Optimizer.__init__ imports torch._dynamo (about 1 CPU-second) on
     # its first call; the forkserver imports it once, so no rank pays it again.

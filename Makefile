@@ -21,7 +21,11 @@ STREAMS ?= 3
 .PHONY: setup lab doctor test test-slow test-browser lint pytest nbval nbval-native \
 	nbval-default run notebooks bench clean
 
-setup: $(STAMP)
+# JupyterLab's settings for this course, inside .venv (never the user's home): no
+# "notified about official Jupyter news?" prompt over a workshop's first notebook.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/multigpu.json
+
+setup: $(STAMP) $(LAB_OVERRIDES)
 
 # pip compiles every installed file to bytecode one at a time; compileall does it on
 # every core (set-up on a fresh clone, 2 cores: 77 s -> 58 s). Like pip, it skips a
@@ -33,10 +37,14 @@ $(STAMP): constraints.txt pyproject.toml
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
 
+$(LAB_OVERRIDES): etc/jupyterlab-overrides.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
+
 # Jupyter refuses to run as root (common in containers) unless told it may.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: $(STAMP)
+lab: $(STAMP) $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
 # The participant's machine check, a week before the workshop (docs/instructors.md).
@@ -54,7 +62,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(THREADS) $(BIN)/pytest tests/
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
@@ -65,7 +73,7 @@ test-slow: $(STAMP)
 # against the stored outputs as nbval checks them (tests/browser; a table of seconds
 # per notebook closes the run). Needs Debian's chromium and chromium-driver; installs
 # selenium on demand (constraints-site.txt); skips, saying why, where one is missing.
-test-browser: $(STAMP)
+test-browser: $(STAMP) $(LAB_OVERRIDES)
 	-$(BIN)/python -m pip install --quiet -c constraints.txt -c constraints-site.txt selenium
 	MULTIGPU_BROWSER=1 $(THREADS) $(BIN)/pytest -p no:randomly -v -rs tests/browser
 

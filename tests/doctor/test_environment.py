@@ -147,6 +147,12 @@ def test_no_kernel_fails_and_this_environment_passes():
     assert result.measured == "no python3 kernel: No such kernel named python3"
     assert result.fix == "/env/bin/python -m ipykernel install --sys-prefix"
     same = str(Path(sys.executable).parent / "python3")
-    assert check_kernel(lambda: ([same, "-m", "x"], "/k")).status == OK
-    assert check_kernel(lambda: (["python", "-m", "x"], "/k")).status == OK
+    here = check_kernel(lambda: ([same, "-m", "x"], "/k"))
+    assert here.status == OK
+    assert here.measured == f"notebooks will run on this course's Python ({same})"
+    server = check_kernel(lambda: (["python", "-m", "x"], "/k"))
+    assert server.status == OK
+    assert server.measured.startswith(
+        "notebooks will run on the Python that runs JupyterLab: this course's"
+    )
     assert check_kernel().status == OK  # this environment's own kernel

@@ -144,11 +144,14 @@ def check_kernel(
     if first in SERVER_PYTHON:
         return ok(
             "Jupyter kernel",
-            f"python3 ({where}) starts `{first}`, the Python of the JupyterLab "
-            "that runs it: this environment's under `make lab`",
+            "notebooks will run on the Python that runs JupyterLab: this "
+            f"course's, when `make lab` starts it (kernel python3 runs `{first}`)",
         )
     if _same_environment(first, executable):
-        return ok("Jupyter kernel", f"python3 runs {first}: this environment")
+        return ok(
+            "Jupyter kernel",
+            f"notebooks will run on this course's Python ({first})",
+        )
     return fail(
         "Jupyter kernel",
         f"python3 ({where}) runs {first}, not this environment's "

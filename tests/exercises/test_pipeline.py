@@ -20,6 +20,11 @@ def test_check_passes_the_reference():
     )
 
 
+def test_check_passes_even_stages_sending_first():
+    passed, message = check_one_f_one_b(wrong_pipeline.even_stages_send_first)
+    assert passed, message
+
+
 def test_check_ends_a_deadlock_with_the_timeout_and_no_process_left():
     start = time.monotonic()
     passed, message = check_one_f_one_b(
@@ -32,6 +37,11 @@ def test_check_ends_a_deadlock_with_the_timeout_and_no_process_left():
         "send_activation(1); stage 3 waits in send_gradient(0)). gloo's send waits "
         "until the neighbour posts the matching receive"
     )
+    assert message.endswith(
+        "a send and a receive that happen at the same moment were posted one after "
+        "the other instead of together, as one action (section 4)."
+    )
+    assert "[(" not in message  # names the mistake, never the lists that fix it
     assert time.monotonic() - start < 60
     assert multiprocessing.active_children() == []
 
@@ -42,6 +52,30 @@ def test_check_names_gpipe_order():
     assert message.startswith(
         "FAIL: stage 0 holds the activations of 6 micro-batches at once; 1F1B holds "
         "at most p - s = 4. That is GPipe's order"
+    )
+
+
+def test_check_names_one_warmup_forward_too_many_not_gpipe():
+    passed, message = check_one_f_one_b(wrong_pipeline.one_warmup_forward_too_many)
+    assert not passed
+    assert message == (
+        "FAIL: stage 0 holds the activations of 5 micro-batches at once; 1F1B holds "
+        "at most p - s = 4. It runs 5 forwards before its first backward: too many "
+        "warm-up forwards for this stage. Each stage's warm-up count depends on its "
+        "distance from the last stage: a stage nearer the end gets its first "
+        "gradient back sooner, so it starts backwards after fewer forwards."
+    )
+    assert "GPipe" not in message
+
+
+def test_check_names_the_same_warmup_on_every_stage():
+    passed, message = check_one_f_one_b(wrong_pipeline.same_warmup_on_every_stage)
+    assert not passed
+    assert message.startswith(
+        "FAIL: stage 1 holds the activations of 4 micro-batches at once; 1F1B holds "
+        "at most p - s = 3. It runs 4 forwards before its first backward: too many "
+        "warm-up forwards for this stage. Each stage's warm-up count depends on its "
+        "distance from the last stage"
     )
 
 
@@ -77,7 +111,9 @@ def test_check_names_a_pipeline_without_warmup():
     assert not passed
     assert message.startswith(
         "FAIL: no deadlock and few activations, but the stages sit idle 75% of the "
-        "step, not 1F1B's (p-1)/(m+p-1) = 33%"
+        "step, not 1F1B's (p-1)/(m+p-1) = 33%: the stages do not overlap. Stage 0 "
+        "runs 1 forward(s) before its first backward: too few warm-up forwards for "
+        "this stage"
     )
 
 

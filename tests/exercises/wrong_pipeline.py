@@ -96,3 +96,64 @@ def last_stage_sends_activations(stage, num_stages, num_microbatches):
     if stage == num_stages - 1:
         actions.insert(actions.index(("forward", 0)) + 1, ("send_activation", 0))
     return actions
+
+
+def _paired_with_warmup(stage, num_stages, num_microbatches, warmup):
+    """Megatron-LM's paired 1F1B with ``warmup`` forwards before the first backward."""
+    first, last = _edges(stage, num_stages)
+    warmup = min(warmup, num_microbatches)
+    remaining = num_microbatches - warmup
+    actions = []
+    for i in range(warmup):
+        actions += [] if first else [("recv_activation", i)]
+        actions += [("forward", i)] + ([] if last else [("send_activation", i)])
+    if remaining and not first:
+        actions += [("recv_activation", warmup)]
+    for k in range(remaining):
+        f = warmup + k
+        actions += [("forward", f)]
+        if not last:
+            actions += [[("send_activation", f), ("recv_gradient", k)]]
+        actions += [("backward", k)]
+        if not first and k < remaining - 1:
+            actions += [[("send_gradient", k), ("recv_activation", f + 1)]]
+        elif not first:
+            actions += [("send_gradient", k)]
+    for k in range(remaining, num_microbatches):
+        actions += [] if last else [("recv_gradient", k)]
+        actions += [("backward", k)] + ([] if first else [("send_gradient", k)])
+    return actions
+
+
+def one_warmup_forward_too_many(stage, num_stages, num_microbatches):
+    """p - s warm-up forwards instead of p - s - 1: an off-by-one in the warm-up."""
+    return _paired_with_warmup(
+        stage, num_stages, num_microbatches, warmup=num_stages - stage
+    )
+
+
+def same_warmup_on_every_stage(stage, num_stages, num_microbatches):
+    """Every stage warms up with p - 1 forwards, as if it were the first stage."""
+    return _paired_with_warmup(
+        stage, num_stages, num_microbatches, warmup=num_stages - 1
+    )
+
+
+# Correct 1F1B orders written another way: the checker must accept them.
+
+
+def even_stages_send_first(stage, num_stages, num_microbatches):
+    """Megatron-LM's other way to avoid the deadlock (``_p2p_ops``): no pairs
+    posted together, but even stages send first and odd stages receive first, so
+    one of two neighbours always receives while the other sends."""
+    actions = []
+    for action in _paired_with_warmup(
+        stage, num_stages, num_microbatches, warmup=num_stages - stage - 1
+    ):
+        if isinstance(action, list):
+            sends_first = stage % 2 == 0
+            action = sorted(action, key=lambda pair: pair[0].startswith("send"))
+            actions += action[::-1] if sends_first else action
+        else:
+            actions.append(action)
+    return actions

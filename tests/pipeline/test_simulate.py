@@ -58,3 +58,26 @@ def test_crossed_microbatches_are_named():
     assert simulation.mismatches[0] == (
         "stage 1 receives activation(1) but stage 0 sent activation(0) at that point"
     )
+
+
+def test_a_list_completes_once_its_neighbour_has_posted_in_a_later_round():
+    # Stage 0 posts its pair first; stage 1 then posts a pair that must wait for
+    # forward(2). Stage 0's pair is complete then, and gloo completes it: no deadlock.
+    actions = [
+        [
+            ("forward", 0), ("send_activation", 0), ("forward", 1),
+            [("send_activation", 1), ("recv_gradient", 0)], ("backward", 0),
+            ("forward", 2), [("send_activation", 2), ("recv_gradient", 1)],
+            ("backward", 1), ("recv_gradient", 2), ("backward", 2),
+        ],
+        [
+            ("recv_activation", 0), ("forward", 0), ("recv_activation", 1),
+            ("forward", 1), ("backward", 0),
+            [("send_gradient", 0), ("recv_activation", 2)], ("forward", 2),
+            ("backward", 1), ("send_gradient", 1), ("backward", 2),
+            ("send_gradient", 2),
+        ],
+    ]  # fmt: skip
+    simulation = simulate_schedule(actions)
+    assert not simulation.deadlocked and not simulation.mismatches
+    assert len(simulation.blocks) == 12

@@ -51,7 +51,8 @@ def pipeline_bubble_fraction(
 
 
 def bubble_overhead(num_stages: int, num_microbatches: int, chunks: int = 1) -> float:
-    """Narayanan et al.'s bubble: idle time over ideal time, (p - 1)/(v·m)."""
+    """The bubble over the ideal time m(t_f + t_b), (p - 1)/(v·m): Megatron-LM's
+    (Narayanan et al., 2021) and the Ultra-Scale Playbook's convention (16)."""
     p, m = (
         _check("num_stages", num_stages),
         _check("num_microbatches", num_microbatches),

@@ -18,6 +18,7 @@ from torch import nn
 from multigpu.core.checks import check_positive_int
 from multigpu.costmodel.pipeline import pipeline_bubble_fraction
 from multigpu.pipeline import (
+    COMPUTE_OPS,
     ScheduleFunction,
     as_messages,
     bubble_fraction,
@@ -83,11 +84,53 @@ def _deadlock_message(stuck: dict, timeout: float) -> str:
     return (
         f"FAIL: deadlock: the ranks waited {timeout:g} s and gave up ({waits}). "
         "gloo's send waits until the neighbour posts the matching receive, so two "
-        "neighbours that both send first wait for each other. Post the send and the "
-        'receive that happen at the same time as one action, a list: [("send_'
-        'activation", f), ("recv_gradient", k)] and [("send_gradient", k), '
-        '("recv_activation", f + 1)].'
+        "neighbours that both send first wait for each other: a send and a receive "
+        "that happen at the same moment were posted one after the other instead of "
+        "together, as one action (section 4)."
     )
+
+
+def _computations(actions: list) -> list[str]:
+    """The stage's forwards and backwards, in its order."""
+    return [op for a in actions for op, _ in as_messages(a) if op in COMPUTE_OPS]
+
+
+def _too_many_in_flight(stage: int, peak: int, bound: int, actions: list) -> str:
+    held = (
+        f"FAIL: stage {stage} holds the activations of {peak} micro-batches at "
+        f"once; 1F1B holds at most p - s = {bound}."
+    )
+    computations = _computations(actions)
+    warmup = computations.index("backward")  # forwards before the first backward
+    if "forward" not in computations[warmup:]:
+        return (
+            f"{held} That is GPipe's order (every forward before any backward), "
+            "which keeps every micro-batch's activations until the backwards begin."
+        )
+    if warmup > bound:
+        return (
+            f"{held} It runs {warmup} forwards before its first backward: too many "
+            "warm-up forwards for this stage. Each stage's warm-up count depends on "
+            "its distance from the last stage: a stage nearer the end gets its first "
+            "gradient back sooner, so it starts backwards after fewer forwards."
+        )
+    return (
+        f"{held} Its warm-up is right, but after it the stage runs more forwards "
+        "than backwards: in 1F1B's steady state each forward is followed by one "
+        "backward, so the micro-batches held stay the same."
+    )
+
+
+def _too_few_warmup(actions: list, num_stages: int, num_microbatches: int) -> str:
+    for stage, stage_actions in enumerate(actions):
+        warmup = _computations(stage_actions).index("backward")
+        if warmup < min(num_stages - stage, num_microbatches):
+            return (
+                f" Stage {stage} runs {warmup} forward(s) before its first backward: "
+                "too few warm-up forwards for this stage, so it waits for a gradient "
+                "while it could be sending the next micro-batches down the pipeline."
+            )
+    return " Some stage waits for a neighbour while it could be computing."
 
 
 def check_one_f_one_b(
@@ -130,20 +173,15 @@ def check_one_f_one_b(
     peaks = [in_flight_peak(a) for a in actions]
     for stage, peak in enumerate(peaks):
         if peak > min(p - stage, m):
-            return False, (
-                f"FAIL: stage {stage} holds the activations of {peak} micro-batches "
-                f"at once; 1F1B holds at most p - s = {min(p - stage, m)}. That is "
-                "GPipe's order (every forward before any backward): after p - s - 1 "
-                "warm-up forwards, alternate one forward and one backward."
-            )
+            bound = min(p - stage, m)
+            return False, _too_many_in_flight(stage, peak, bound, actions[stage])
     idle = bubble_fraction(simulation.blocks, p)
     formula = pipeline_bubble_fraction(p, m)
     if idle > formula + 1e-9:
         return False, (
             f"FAIL: no deadlock and few activations, but the stages sit idle "
             f"{idle:.0%} of the step, not 1F1B's (p-1)/(m+p-1) = {formula:.0%}: the "
-            "stages do not overlap. Run p - s - 1 warm-up forwards on stage s before "
-            "its first backward, so that every stage has work while the others do."
+            "stages do not overlap." + _too_few_warmup(actions, p, m)
         )
     try:
         run = run_pipelines(

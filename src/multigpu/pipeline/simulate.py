@@ -86,6 +86,7 @@ def simulate_schedule(
                     key = (*_channel(stage, op), side)
                     posted.setdefault(key, []).append((index, clock[stage]))
                     mine[stage].append((key, len(posted[key]) - 1))
+                moved = True  # posting is progress: a neighbour may now complete
             times = []
             for key, slot in mine[stage]:
                 other = (*key[:3], "recv" if key[3] == "send" else "send")

@@ -3,8 +3,7 @@
 :func:`pipeline_rank` runs one step of a hand-written schedule
 (:func:`multigpu.pipeline.pipeline_step`); :func:`torch_pipeline_rank` one step of
 ``torch.distributed.pipelining``. :func:`run_pipelines` and
-:func:`run_torch_pipelines` start them, several steps in one launch, and
-:func:`run_pipelines_and_torch` both kinds in one launch.
+:func:`run_torch_pipelines` start them, several steps in one launch.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from multigpu.runtime.launch import in_one_launch, spawn
 __all__ = [
     "pipeline_rank",
     "run_pipelines",
-    "run_pipelines_and_torch",
     "run_torch_pipelines",
     "torch_pipeline_rank",
 ]
@@ -106,28 +104,3 @@ def run_torch_pipelines(
     calls = [(torch_pipeline_rank, (model, X, y, *step)) for step in steps]
     per_rank = spawn(in_one_launch, num_stages, calls, timeout=timeout)
     return [[ranks[k] for ranks in per_rank] for k in range(len(steps))]
-
-
-def run_pipelines_and_torch(
-    model: nn.Sequential,
-    data: tuple[torch.Tensor, torch.Tensor],
-    torch_data: tuple[torch.Tensor, torch.Tensor],
-    num_stages: int,
-    steps: Sequence[tuple],
-    torch_steps: Sequence[tuple[int, str]],
-    timeout: float = 60.0,
-) -> tuple[list[PipelineRun], list[list[dict]], list[PipelineRun]]:
-    """In one launch: :func:`run_pipelines` on ``data``, then
-    :func:`run_torch_pipelines` on ``torch_data`` and the hand-built schedules of
-    the same ``torch_steps`` on the same data, to compare (16)."""
-    calls = [(pipeline_rank, (model, *data, *step)) for step in steps]
-    calls += [
-        (torch_pipeline_rank, (model, *torch_data, *step)) for step in torch_steps
-    ]
-    calls += [(pipeline_rank, (model, *torch_data, *step)) for step in torch_steps]
-    per_rank = spawn(in_one_launch, num_stages, calls, timeout=timeout)
-    results = [[ranks[k] for ranks in per_rank] for k in range(len(calls))]
-    ours = [merge_stage_results(ranks) for ranks in results[: len(steps)]]
-    theirs = results[len(steps) : len(steps) + len(torch_steps)]
-    same = [merge_stage_results(r) for r in results[len(steps) + len(torch_steps) :]]
-    return ours, theirs, same

@@ -19,11 +19,14 @@ def problem():
     return model, torch.randn(32, 6, dtype=torch.float64), torch.randint(0, 3, (32,))
 
 
-def test_check_checkpoint_passes_the_reference():
-    assert check_checkpoint(wrong_ddp.save, wrong_ddp.load) == (
+@pytest.mark.parametrize(
+    ("save", "load"), [("save", "load"), ("save_own_keys", "load_own_keys")]
+)
+def test_check_checkpoint_passes_right_answers(save, load):
+    assert check_checkpoint(getattr(wrong_ddp, save), getattr(wrong_ddp, load)) == (
         True,
         "PASS: on 2 ranks only rank 0 saved, every rank waited for the file and "
-        "loaded it with map_location, and got epoch 2's weights.",
+        "loaded it with map_location, and got epoch 2's weights and momentum.",
     )
 
 
@@ -34,6 +37,18 @@ def test_check_checkpoint_passes_the_reference():
         ("save_without_barrier", "load", "FAIL: rank 1 loaded the previous checkpoint"),
         ("save", "load_without_map_location", "FAIL: torch.load ran without map_loc"),
         ("save_with_barrier_on_rank0", "load", "FAIL: the ranks did not call dist.b"),
+        (
+            "save",
+            "load_without_optimizer",
+            "FAIL: the optimizer's state did not come back: after load its momentum "
+            "buffers are missing",
+        ),
+        (
+            "save",
+            "load_other_keys",
+            "FAIL: load raised KeyError on rank 0: it looked up 'model_state_dict', "
+            "but the checkpoint that save wrote holds 'epoch', 'model', 'optimizer'.",
+        ),
     ],
 )
 def test_check_checkpoint_names_each_mistake(save, load, start):
@@ -56,7 +71,7 @@ def test_check_accumulation_passes_right_steps(problem, step):
 @pytest.mark.parametrize(
     ("step", "start"),
     [
-        ("step_todo", "FAIL: the weights never changed."),
+        ("step_todo", "FAIL: the weights never changed: no optimizer step"),
         (
             "step_flag_after_forward",
             "FAIL: the all-reduces ran on micro-batches [[0], [0]] of each step",
@@ -67,7 +82,20 @@ def test_check_accumulation_passes_right_steps(problem, step):
         ),
         ("step_sync_every_micro_batch", "FAIL: every micro-batch all-reduced (4 per"),
         ("step_all_in_no_sync", "FAIL: no micro-batch all-reduced"),
-        ("step_not_divided", "FAIL: each step synced once, on the last micro-batch"),
+        (
+            "step_not_divided",
+            "FAIL: each step synced once, on the last micro-batch, but took 4 times "
+            "the global batch's step",
+        ),
+        (
+            "step_module_no_sync",
+            "FAIL: step raised AttributeError: it asked the wrapped module "
+            "(model.module) for no_sync, which only DDP has",
+        ),
+        (
+            "step_zero_grad_before_step",
+            "FAIL: the weights never changed: no optimizer step moved them",
+        ),
     ],
 )
 def test_check_accumulation_names_each_mistake(problem, step, start):

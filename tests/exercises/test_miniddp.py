@@ -36,12 +36,32 @@ def test_check_wrapper_passes_a_right_bucketed_ddp(problem):
         (
             wrong.NeverSentDDP,
             "FAIL: synchronize found a bucket whose all-reduce was never started "
-            "(bucket.work is None). In gradient_ready, remove each parameter from "
-            "bucket.waiting once its gradient is in, and start the all-reduce when "
-            "bucket.waiting is empty.",
+            "(bucket.work is None): the bucket never counted as full, because "
+            "bucket.waiting never emptied, or its Work was not kept.",
+        ),
+        (
+            wrong.BlockingDDP,
+            "FAIL: gradient_ready ran its all-reduces synchronously, inside the "
+            "hook: each call waited for the sum and returned no Work (bucket.work "
+            "stayed None), so backward stood still while a bucket travelled and "
+            "nothing overlapped.",
+        ),
+        (
+            wrong.BlockingNoWaitDDP,
+            "FAIL: gradient_ready ran its all-reduces synchronously, inside the "
+            "hook: each call waited for the sum and returned no Work (bucket.work "
+            "stayed None), so backward stood still while a bucket travelled and "
+            "nothing overlapped.",
         ),
     ],
-    ids=["no copy back", "no division", "all-reduces at the end", "never sent"],
+    ids=[
+        "no copy back",
+        "no division",
+        "all-reduces at the end",
+        "never sent",
+        "blocking all-reduce",
+        "blocking, no wait",
+    ],
 )
 def test_check_wrapper_names_the_mistake(problem, wrapper, expected):
     passed, message = check_wrapper(wrapper, *problem, CONFIG)
@@ -55,8 +75,7 @@ def test_check_wrapper_reports_an_error_on_a_rank_as_a_fail(problem):
     assert re.fullmatch(
         r"FAIL: your class raised on rank [01]: RuntimeError: The size of tensor a "
         r"\(\d+\) must match the size of tensor b \(\d+\) at non-singleton "
-        r"dimension \d\. Fix that error in the %%module cell, run it again, then "
-        r"this cell\.",
+        r"dimension \d\.",
         message,
     ), message
 

@@ -22,8 +22,8 @@ def test_a_right_snapshot_passes(save, load):
     assert passed, message
     assert message == (
         "PASS: stopped after step 9 and resumed from the snapshot of step 8 (epoch 2, "
-        "step 2), every rank got back its own generators, the weights and the "
-        "momentum, and the run ended at the uninterrupted run's weights."
+        "step 2), every rank got back its own generators and state, the weights "
+        "and the momentum, and the run ended at the uninterrupted run's weights."
     )
 
 
@@ -61,11 +61,19 @@ def test_a_right_snapshot_passes(save, load):
             wrong.save_rank0_gathers,
             wrong.load_right,
             "FAIL: the ranks waited for each other until the 5 s timeout: a "
-            "collective (dist.all_gather_object) ran on some ranks only.",
+            "collective (dist.all_gather_object) ran on some ranks only, and the "
+            "others never joined it.",
+        ),
+        (
+            wrong.save_right,
+            wrong.load_no_rank_state,
+            "FAIL: load returned {} as rank 0's own state, not the 2 losses of "
+            "epoch 2 that its save was given: the resumed epoch's mean loss then "
+            "counts only the steps after the resume",
         ),
     ],
     ids=["no RNG", "rank 0's RNG only", "no sampler position", "no optimizer",
-         "not atomic", "gather on rank 0 only"],
+         "not atomic", "gather on rank 0 only", "no rank state"],
 )  # fmt: skip
 def test_each_mistake_is_named(save, load, expected):
     passed, message = check_snapshot(save, load, timeout=5.0)

@@ -41,8 +41,26 @@ def combine_within_only(counts, means, m2s):
     return mean, m2s.sum(0) / counts.sum()
 
 
-def test_check_combine_passes_the_stable_combination():
-    assert check_combine(combine) == (
+def combine_per_rank_variance(counts, means, m2s):
+    """Mistake: each rank's variance M2 / count first: 0 / 0 for the empty rank."""
+    n = counts.sum()
+    mean = (counts[:, None] * means).sum(0) / n
+    variances = m2s / counts[:, None]
+    return mean, (counts[:, None] * (variances + (means - mean) ** 2)).sum(0) / n
+
+
+def combine_in_float64(counts, means, m2s):
+    """Right too: the same combination in float64, skipping empty ranks, returned
+    in the input's dtype."""
+    keep = counts > 0
+    counts, means, m2s = counts[keep].double(), means[keep].double(), m2s[keep].double()
+    mean, var = combine(counts, means, m2s)
+    return mean.to(m2s.dtype), var
+
+
+@pytest.mark.parametrize("right", [combine, combine_in_float64])
+def test_check_combine_passes_right_combinations(right):
+    assert check_combine(right) == (
         True,
         "PASS: the global mean and biased variance, with ranks of 5, 0 and 11 "
         "samples, in float64 and in float32 around 1e4.",
@@ -54,8 +72,16 @@ def test_check_combine_passes_the_stable_combination():
     [
         (combine_mean_of_means, "FAIL: the mean is not the global batch's"),
         (combine_squares, "FAIL: right in float64, but in float32"),
-        (combine_unbiased, "FAIL: your variance divides by N - 1 (unbiased)."),
+        (
+            combine_unbiased,
+            "FAIL: your variance divides by N - 1 (unbiased), but BatchNorm",
+        ),
         (combine_within_only, "FAIL: your variance adds only each rank's M2"),
+        (
+            combine_per_rank_variance,
+            "FAIL: your variance is NaN: the rank with 0 samples divides by its "
+            "count of 0 (0 / 0 is NaN)",
+        ),
     ],
 )
 def test_check_combine_names_each_mistake(wrong, start):

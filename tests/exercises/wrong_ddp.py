@@ -128,3 +128,57 @@ def step_not_divided(model, optimizer, micro_batches):
 
 def step_todo(model, optimizer, micro_batches):
     """The exercise as shipped: nothing done."""
+
+
+def load_without_optimizer(path, model, optimizer, device):
+    """Mistake: only the model's state comes back; the optimizer's momentum is lost."""
+    checkpoint = torch.load(path, map_location=device)
+    model.load_state_dict(checkpoint["model"])
+    return checkpoint["epoch"]
+
+
+def load_other_keys(path, model, optimizer, device):
+    """Mistake: looks up keys that save did not write."""
+    checkpoint = torch.load(path, map_location=device)
+    model.load_state_dict(checkpoint["model_state_dict"])
+    optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
+    return checkpoint["epoch"]
+
+
+def save_own_keys(path, model, optimizer, epoch):
+    """Right too: other key names, the same in save and load, and a tuple."""
+    if dist.get_rank() == 0:
+        torch.save(
+            {"weights": model.state_dict(), "opt": (optimizer.state_dict(), epoch)},
+            path,
+        )
+    dist.barrier()
+
+
+def load_own_keys(path, model, optimizer, device):
+    """Right too: the keys save_own_keys wrote."""
+    checkpoint = torch.load(path, map_location=device)
+    model.load_state_dict(checkpoint["weights"])
+    optimizer_state, epoch = checkpoint["opt"]
+    optimizer.load_state_dict(optimizer_state)
+    return epoch
+
+
+def step_module_no_sync(model, optimizer, micro_batches):
+    """Mistake: no_sync asked of the wrapped module, which has none."""
+    for i, (X, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else model.module.no_sync():
+            _loss(model, X, y, len(micro_batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def step_zero_grad_before_step(model, optimizer, micro_batches):
+    """Mistake: the gradients cleared between the last backward and the step."""
+    for i, (X, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else model.no_sync():
+            _loss(model, X, y, len(micro_batches)).backward()
+    optimizer.zero_grad()
+    optimizer.step()

@@ -75,6 +75,28 @@ class NeverSentDDP(RightDDP):
             bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
 
 
+class BlockingDDP(RightDDP):
+    """All-reduces each full bucket in gradient_ready, but blocking: the call
+    returns None, so synchronize has no Work to wait for."""
+
+    def gradient_ready(self, param):
+        bucket, i = self._bucket_of[id(param)]
+        view = bucket.buffer[bucket.offsets[i] : bucket.offsets[i] + param.numel()]
+        view.copy_(param.grad.reshape(-1)).div_(self.world_size)
+        bucket.waiting.discard(id(param))
+        if not bucket.waiting:
+            bucket.work = dist.all_reduce(bucket.buffer)
+
+
+class BlockingNoWaitDDP(BlockingDDP):
+    """The blocking all-reduce in gradient_ready, and a synchronize that only
+    copies back: right weights, but backward stood still during each sum."""
+
+    def synchronize(self):
+        for bucket in self.buckets:
+            copy_back(bucket)
+
+
 class NoReshapeDDP(RightDDP):
     """Copies a 4-d gradient into the flat bucket without reshape(-1)."""
 

@@ -105,3 +105,10 @@ def save_rank0_gathers(path, model, optimizer, position, sampler, rank_state):
     """The gather inside `if rank == 0:`: rank 1 never joins it."""
     if dist.get_rank() == 0:
         save_right(path, model, optimizer, position, sampler, rank_state)
+
+
+def load_no_rank_state(path, model, optimizer, sampler, device):
+    """Everything but this rank's own state: returns {} for it, so the resumed
+    epoch's mean loss covers only the steps after the resume."""
+    position, _ = load_right(path, model, optimizer, sampler, device)
+    return position, {}

@@ -24,7 +24,7 @@ def _check_restarted_run(result, folder, uninterrupted, killed_rank, kill_step):
     assert result.returncode == 0, output[-3000:]
     log = faults.restart_log(output)
     resumed_at = kill_step // EVERY * EVERY
-    assert f"rank {killed_rank}: SIGKILL to itself before step {kill_step}" in log
+    assert f"rank {killed_rank}: SIGKILL to itself after step {kill_step}" in log
     assert "torchrun: a worker failed, so the worker group failed" in log
     assert any(
         line.startswith(f"restart 1: resumed from the snapshot of step {resumed_at} ")
@@ -110,12 +110,12 @@ def test_the_restart_log_leaves_out_the_survivor_s_error_line():
     torchrun stops it, or nothing when torchrun's SIGTERM comes first: the story
     leaves it out, so that it is the same on every run."""
     output = (
-        "rank 1: SIGKILL to itself before step 13\n"
+        "rank 1: SIGKILL to itself after step 13\n"
         "rank 0: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
         "closed by peer [127.0.0.1]:41234\n"
         "restart 1: resumed from the snapshot of step 10 (epoch 1, step 10 of 22)\n"
     )
     assert faults.restart_log(output) == [
-        "rank 1: SIGKILL to itself before step 13",
+        "rank 1: SIGKILL to itself after step 13",
         "restart 1: resumed from the snapshot of step 10 (epoch 1, step 10 of 22)",
     ]

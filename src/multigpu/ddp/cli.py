@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="S",
-        help="... before step S (after S steps; the first step is 0)",
+        help="... after step S (S steps done; the first step is 1)",
     )
     parser.add_argument(
         "--step-delay",

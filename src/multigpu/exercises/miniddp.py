@@ -75,30 +75,35 @@ def check_wrapper(
     except WorkerError as error:
         return False, rank_failure(error)
     first = results[0]
+    if any(result["blocking"] for result in results):
+        return False, (
+            "FAIL: gradient_ready ran its all-reduces synchronously, inside the "
+            "hook: each call waited for the sum and returned no Work (bucket.work "
+            "stayed None), so backward stood still while a bucket travelled and "
+            "nothing overlapped."
+        )
     if any(
         max_parameter_difference(r["run"].parameters, first["run"].parameters) > 0
         for r in results[1:]
     ):
         return False, (
-            f"FAIL: the {world_size} ranks ended with different weights: their "
-            "gradients were not averaged. In gradient_ready, copy each gradient into "
-            "its bucket; once the bucket is full, all-reduce it; in synchronize, "
-            "copy the buckets back into .grad."
+            f"FAIL: the {world_size} ranks ended with different weights: each "
+            "stepped with its own gradient, so the averaged buckets never reached "
+            "the parameters' .grad."
         )
     distance = max_parameter_difference(first["run"].parameters, reference.parameters)
     if distance > 1e-9:
         return False, (
             f"FAIL: the ranks agree, but end {distance:.1e} away from one process on "
-            "the global batch: divide by the world size exactly once (the "
-            "all-reduce sums)."
+            "the global batch: the all-reduce sums the ranks' gradients, and their "
+            "mean needs a division by the world size, exactly once."
         )
     started = first["started"]
     if first["buckets"] > 1 and (len(started) < 2 or started[-2] == 0):
         return False, (
             "FAIL: the weights are right, but no all-reduce had started before "
-            "backward computed its last gradient, so nothing overlapped. Start a "
-            "bucket's all-reduce in gradient_ready as soon as its last gradient is "
-            "in, with async_op=True, and keep the Work in bucket.work."
+            "backward computed its last gradient, so nothing overlapped: every "
+            "bucket was sent after backward had ended."
         )
     return True, (
         f"PASS: {wrapper.__name__} trains like one process on the global batch on "
@@ -115,12 +120,8 @@ def rank_failure(error: WorkerError) -> str:
     if "'NoneType' object has no attribute 'wait'" in error.traceback:
         return (
             "FAIL: synchronize found a bucket whose all-reduce was never started "
-            "(bucket.work is None). In gradient_ready, remove each parameter from "
-            "bucket.waiting once its gradient is in, and start the all-reduce when "
-            "bucket.waiting is empty."
+            "(bucket.work is None): the bucket never counted as full, because "
+            "bucket.waiting never emptied, or its Work was not kept."
         )
     last = error.traceback.strip().splitlines()[-1]
-    return (
-        f"FAIL: your class raised on rank {error.rank}: {last}. Fix that error in "
-        "the %%module cell, run it again, then this cell."
-    )
+    return f"FAIL: your class raised on rank {error.rank}: {last}."

@@ -41,18 +41,35 @@ def _rng_mistake(ranks: list[dict[str, Any]]) -> str | None:
         if rank > 0 and _same(ranks[0]["saved"]["rng"], back):
             return (
                 f"FAIL: rank {rank} got rank 0's random number generators back, not "
-                "its own: its random augmentation after the resume "
-                "repeats rank 0's. Gather every rank's rng_state() in save "
-                "(dist.all_gather_object, on every rank) and in load call "
-                "set_rng_state(saved_ranks[dist.get_rank()])."
+                "its own: its random augmentation after the resume repeats rank "
+                "0's. Each rank draws its own numbers, so the snapshot must hold "
+                "every rank's generators, and each rank must take back its own."
             )
         lost = [GENERATORS[k] for k in GENERATORS if not _same(saved[k], back[k])]
         return (
             f"FAIL: rank {rank}'s random number generators were not restored "
             f"({', '.join(lost)} differ from the snapshot's): after the resume its "
-            "random augmentation differs from the uninterrupted run's. "
-            "In save, gather every rank's rng_state() (dist.all_gather_object) into "
-            "the snapshot; in load, call set_rng_state with this rank's."
+            "random augmentation differs from the uninterrupted run's (look at "
+            "rng_state and set_rng_state)."
+        )
+    return None
+
+
+def _rank_state_mistake(ranks: list[dict[str, Any]]) -> str | None:
+    """What is wrong with the state each rank's load returned as its own, or None."""
+    for rank, report in enumerate(ranks):
+        given, back = report["saved"]["rank_state"], report["restored"]["rank_state"]
+        if _same(given, back):
+            continue
+        losses = len(given.get("losses", []))
+        epoch = report["saved"]["position"].epoch + 1
+        uninterrupted, resumed = report["uninterrupted_loss"], report["resumed_loss"]
+        return (
+            f"FAIL: load returned {back!r} as rank {rank}'s own state, not the "
+            f"{losses} losses of epoch {epoch} that its save was given: the resumed "
+            "epoch's mean loss then counts only the steps after the resume, and "
+            f"differs from the uninterrupted run's ({resumed:.4f} instead of "
+            f"{uninterrupted:.4f})."
         )
     return None
 
@@ -78,7 +95,7 @@ snapshot_probe_rank`): a run with snapshots every 4 steps stops after step 9 and
                 return False, (
                     f"FAIL: the ranks waited for each other until the {timeout:g} s "
                     "timeout: a collective (dist.all_gather_object) ran on some "
-                    "ranks only. Call it on every rank, before `if rank == 0:`."
+                    "ranks only, and the others never joined it."
                 )
             last = str(error).strip().splitlines()[-1]
             return False, f"FAIL: your save or load raised an error: {last}"
@@ -90,42 +107,42 @@ snapshot_probe_rank`): a run with snapshots every 4 steps stops after step 9 and
         return False, (
             "FAIL: load returned the start of training (global step 0), so the "
             f"resumed run started again from scratch instead of at step "
-            f"{want.global_step}. Save the Position in the snapshot and return it."
+            f"{want.global_step}: the snapshot's Position did not come back."
         )
     if got.epoch == want.epoch and got.step == 0 < want.step:
         return False, (
             f"FAIL: the run resumed at the start of epoch {want.epoch + 1}, not at "
             f"its step {want.step}: the sampler dealt that epoch's first "
-            f"{want.step} batches again (samples repeated). Save the whole Position "
-            "(epoch, step, global_step) and return it from load."
+            f"{want.step} batches again (samples repeated). The step within the "
+            "epoch was lost."
         )
     if got != want:
         return False, (
-            f"FAIL: load returned {got}, but the snapshot was saved at {want}. "
-            "Return the Position that save was given."
+            f"FAIL: load returned {got}, but the snapshot was saved at {want}: "
+            "the resumed run would deal other batches than the uninterrupted one."
         )
     if max_parameter_difference(saved["weights"], restored["weights"]) > 0:
         return False, (
-            "FAIL: the model's weights after load are not the snapshot's. Save "
-            "model's state (save_checkpoint(path, model, optimizer, ...)) and load "
-            "it into the model on every rank (load_checkpoint(path, model, ...))."
+            "FAIL: the model's weights after load are not the snapshot's: the "
+            "resumed run starts from other weights than the ones saved."
         )
     if not _same(saved["momentum"], restored["momentum"]):
         return False, (
             "FAIL: the optimizer's state was not restored: SGD's momentum buffers "
             "start again from zero, so the steps after the resume differ (momentum "
-            "lost). Pass the optimizer to save_checkpoint and to load_checkpoint."
+            "lost)."
         )
     mistake = _rng_mistake(ranks)
+    if mistake:
+        return False, mistake
+    mistake = _rank_state_mistake(ranks)
     if mistake:
         return False, mistake
     if any(report["saved"]["in_place"] for report in ranks):
         return False, (
             "FAIL: the snapshot file was rewritten in place (torch.save to its "
             "path): a rank killed while saving leaves half a file and no snapshot "
-            "to resume from (not atomic). Write with save_checkpoint (or "
-            "checkpoint.write_atomically), which writes a temporary file and "
-            "renames it."
+            "to resume from (not atomic)."
         )
     difference = max_parameter_difference(
         ranks[0]["resumed"], ranks[0]["uninterrupted"]
@@ -134,12 +151,11 @@ snapshot_probe_rank`): a run with snapshots every 4 steps stops after step 9 and
         return False, (
             "FAIL: everything save was given came back, yet the resumed run ends "
             f"{difference:.1e} away from the uninterrupted run's weights: the next "
-            "steps depend on something load did not put back. Compare your load "
-            "with multigpu.snapshot.load_snapshot."
+            "steps depend on something load did not put back."
         )
     return True, (
         f"PASS: stopped after step {PROBE_STOP} and resumed from the snapshot "
         f"of step {want.global_step} (epoch {want.epoch + 1}, step {want.step}), "
-        "every rank got back its own generators, the weights and the momentum, and "
-        "the run ended at the uninterrupted run's weights."
+        "every rank got back its own generators and state, the weights and the "
+        "momentum, and the run ended at the uninterrupted run's weights."
     )

@@ -33,10 +33,26 @@ def _shards(dtype: torch.dtype, offset: float) -> list[torch.Tensor]:
     ]
 
 
+def _nan_mistake(got_mean: torch.Tensor, got_var: torch.Tensor) -> str | None:
+    """Why the result holds NaN (a FAIL message), or None."""
+    nan = [
+        name
+        for name, t in (("mean", got_mean), ("variance", got_var))
+        if t.isnan().any()
+    ]
+    if not nan:
+        return None
+    return (
+        f"FAIL: your {' and '.join(nan)} is NaN: the rank with 0 samples divides by "
+        "its count of 0 (0 / 0 is NaN), and weighing that NaN by the count 0 does not "
+        "remove it (0 × NaN is NaN). An empty rank must add nothing to the sums."
+    )
+
+
 def check_combine(combine: Callable) -> tuple[bool, str]:
     """Does ``combine(counts, means, m2s)`` return the global ``(mean, var)`` per
     channel, ``var`` the biased variance BatchNorm normalises with, in float64 and
-    in float32 with a large mean? (passed, what to fix) (09b)."""
+    in float32 with a large mean? (passed, what is wrong) (09b)."""
     for dtype, offset, tolerance in (
         (torch.float64, 0.0, 1e-12),
         (torch.float32, 1e4, 1e-3),
@@ -45,39 +61,49 @@ def check_combine(combine: Callable) -> tuple[bool, str]:
         whole = torch.cat(shards).double()
         var, mean = torch.var_mean(whole, dim=0, correction=0)
         n = len(whole)
-        got_mean, got_var = (t.double() for t in combine(*per_rank_statistics(shards)))
+        counts, means, m2s = per_rank_statistics(shards)
+        got_mean, got_var = (t.double() for t in combine(counts, means, m2s))
+        nan = _nan_mistake(got_mean, got_var)
+        if nan:
+            return False, nan
         if (got_mean - mean).abs().max() > tolerance * max(1.0, offset):
+            equal_weights = torch.allclose(got_mean, means.double().mean(0))
+            why = (
+                "your mean weighs every rank's mean the same (the empty one too), "
+                "though the ranks hold different numbers of samples"
+                if equal_weights
+                else "each rank's mean must count as many times as it has samples"
+            )
             return False, (
                 "FAIL: the mean is not the global batch's: with ranks of 5, 0 and 11 "
-                "samples, the mean of the ranks' means weighs them equally. Weigh "
-                "each rank's mean by its count: sum(counts * means) / sum(counts)."
+                f"samples, {why}."
             )
         if torch.allclose(got_var, var * n / (n - 1), rtol=tolerance, atol=0):
             return False, (
-                "FAIL: your variance divides by N - 1 (unbiased). BatchNorm "
-                "normalises with the biased variance: divide the total M2 by N "
-                "(the unbiased one, times N / (N - 1), is only for running_var)."
+                "FAIL: your variance divides by N - 1 (unbiased), but BatchNorm "
+                "normalises with the biased variance (the unbiased one is only "
+                "for running_var)."
             )
         if torch.allclose(got_var, var, rtol=tolerance, atol=0):
             continue
-        within = per_rank_statistics(shards)[2].sum(0)  # each rank's own M2
+        within = m2s.sum(0)  # each rank's own M2
         if torch.allclose(got_var, within.double() / n, rtol=1e-3, atol=0):
             return False, (
                 "FAIL: your variance adds only each rank's M2, the spread around its "
-                "own mean. Add the spread of the ranks' means around the global "
-                "mean too: M2 = sum(m2s + counts * (means - mean) ** 2)."
+                "own mean, and leaves out how far the ranks' means lie from the "
+                "global mean (rank 2's values are shifted by 3)."
             )
         if dtype == torch.float32:
             return False, (
                 "FAIL: right in float64, but in float32 with values near 1e4 your "
                 f"variance is {got_var.min().item():.3g} instead of about "
-                f"{var.min().item():.3g}: E[x²] - mean² cancels (two numbers near "
-                "1e8 whose difference is about 1). Combine the M2s: "
-                "sum(m2s + counts * (means - mean) ** 2) / N."
+                f"{var.min().item():.3g}: it subtracts two numbers near 1e8 whose "
+                "difference is about 1, and float32 keeps only about 7 digits "
+                "(E[x²] − mean² cancels)."
             )
         return False, (
-            "FAIL: the mean is right, but the variance is not the global batch's. "
-            "Use var = sum(m2s + counts * (means - mean) ** 2) / sum(counts)."
+            "FAIL: the mean is right, but the variance is not the global batch's "
+            "biased variance: the ranks' M2s must be added up about the global mean."
         )
     return True, (
         "PASS: the global mean and biased variance, with ranks of 5, 0 and 11 "

@@ -17,17 +17,44 @@ from multigpu.ddp import wrap
 SAVE_DELAY_S = 1.0  # rank 0's second save waits this long before it writes
 
 
+def _momentum(optimizer: Any) -> list[torch.Tensor]:
+    """SGD's momentum buffers, in parameter order (empty before the first step)."""
+    state = optimizer.state_dict()["state"]
+    return [state[i]["momentum_buffer"].clone() for i in sorted(state)]
+
+
+def _sgd_step(model: nn.Module, optimizer: Any) -> None:
+    """One SGD step on fixed data, so that the optimizer has momentum buffers."""
+    optimizer.zero_grad()
+    model(torch.ones(3, 4, dtype=torch.float64)).square().sum().backward()
+    optimizer.step()
+
+
+def _keys(path: str, real_load: Callable) -> list[str]:
+    """The top-level keys of the file at ``path``, sorted, or [] if it is no dict."""
+    try:
+        saved = real_load(path, map_location="cpu", weights_only=False)
+    except Exception:  # the file is not there, or not a checkpoint
+        return []
+    return sorted(map(str, saved)) if isinstance(saved, dict) else []
+
+
 def checkpoint_probe_rank(
     rank: int, world_size: int, save: Callable, load: Callable, folder: str
 ) -> dict[str, Any]:
     """Run the learner's ``save(path, model, optimizer, epoch)`` twice (epochs 1 and
-    2, with other weights) and then ``load(path, model, optimizer, device)`` into a
-    fresh model; report what happened on this rank (09b).
+    2, with other weights and momentum) and then ``load(path, model, optimizer,
+    device)`` into a fresh model and optimizer; report what happened on this rank
+    (09b).
 
-    ``torch.save`` and ``torch.load`` are watched while the learner's code runs:
-    which ranks saved, and the ``map_location`` of each load. Rank 0's second save
-    waits ``SAVE_DELAY_S`` before writing, as a large checkpoint would, so a rank
-    that loads without waiting at a barrier reads epoch 1's file."""
+    The model takes an SGD step before each save, so the optimizer holds momentum
+    buffers that a load must restore. ``torch.save`` and ``torch.load`` are
+    watched while the learner's code runs: which ranks saved, and the
+    ``map_location`` of each load. Rank 0's second save waits ``SAVE_DELAY_S``
+    before writing, as a large checkpoint would, so a rank that loads without
+    waiting at a barrier reads epoch 1's file. An exception in ``save`` is raised
+    (its peers may be waiting for it); one in ``load`` is reported, with the keys
+    of the file it read."""
     path = f"{folder}/checkpoint.pt"
     saves: list[int] = []
     locations: list[Any] = []
@@ -48,27 +75,40 @@ def checkpoint_probe_rank(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     fresh = copy.deepcopy(model)
     fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    error = None
     torch.save, torch.load = watched_save, watched_load
     try:
         epoch = 1
+        _sgd_step(model, optimizer)
         save(path, model, optimizer, epoch)
         dist.barrier()  # the checker's: epoch 1's file is complete everywhere
+        _sgd_step(model, optimizer)  # epoch 2's momentum differs from epoch 1's
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)  # epoch 2's weights differ from epoch 1's
         epoch = 2
         save(path, model, optimizer, epoch)
-        loaded_epoch = load(path, fresh, fresh_optimizer, torch.device("cpu"))
+        try:
+            loaded_epoch = load(path, fresh, fresh_optimizer, torch.device("cpu"))
+        except Exception as raised:  # the learner's load: no peer waits for it
+            error = (type(raised).__name__, str(raised))
+            loaded_epoch = None
     finally:
         torch.save, torch.load = real_save, real_load
     same = all(
         torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters())
     )
+    momentum, loaded_momentum = _momentum(optimizer), _momentum(fresh_optimizer)
     return {
         "saves": saves,
         "locations": [str(location) for location in locations],
         "loaded epoch 2's weights": same,
+        "loaded epoch 2's momentum": len(momentum) == len(loaded_momentum)
+        and all(map(torch.equal, momentum, loaded_momentum)),
+        "momentum buffers after load": len(loaded_momentum),
         "loaded epoch": loaded_epoch,
+        "load error": error,
+        "saved keys": _keys(path, real_load) if error else [],
     }
 
 

@@ -223,15 +223,43 @@ def probe_rank(
     config: TrainConfig,
 ) -> dict[str, Any]:
     """One backward through ``wrapper`` watching when its buckets' all-reduces were
-    started, then a training run with it (check_wrapper)."""
+    started, and whether ``gradient_ready`` ran any all-reduce without
+    ``async_op=True``; then a training run with it (check_wrapper). When that
+    backward raises after a blocking all-reduce, the error is reported, not
+    raised (every rank ran the same all-reduces, so no peer waits)."""
+    real_all_reduce = dist.all_reduce
+    inside = [False]
+    blocking = [0]
+
+    def watched_all_reduce(*args: Any, **kwargs: Any) -> Any:
+        if inside[0] and not kwargs.get("async_op", len(args) > 3 and args[3]):
+            blocking[0] += 1
+        return real_all_reduce(*args, **kwargs)
 
     class Probe(wrapper):
         def gradient_ready(self, param: nn.Parameter) -> None:
-            super().gradient_ready(param)
+            inside[0] = True
+            try:
+                super().gradient_ready(param)
+            finally:
+                inside[0] = False
             self.started.append(sum(b.work is not None for b in self.buckets))
 
     probe = Probe(copy.deepcopy(model), bucket_cap_mb=0.002)
     probe.started = []
-    nn.functional.cross_entropy(probe(X[:4]), y[:4]).backward()
+    dist.all_reduce = watched_all_reduce
+    try:
+        nn.functional.cross_entropy(probe(X[:4]), y[:4]).backward()
+    except Exception as error:
+        if not blocking[0]:
+            raise
+        return {"blocking": blocking[0], "error": f"{type(error).__name__}: {error}"}
+    finally:
+        dist.all_reduce = real_all_reduce
     history = train_with_strategy(model, X, y, config, wrapper)
-    return {"started": probe.started, "buckets": len(probe.buckets), "run": history}
+    return {
+        "started": probe.started,
+        "buckets": len(probe.buckets),
+        "run": history,
+        "blocking": blocking[0],
+    }

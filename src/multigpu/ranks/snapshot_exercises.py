@@ -3,6 +3,7 @@ uninterrupted run, a run stopped mid-epoch and its resumption, all watched (11).
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from collections.abc import Callable
@@ -71,8 +72,9 @@ def snapshot_probe_rank(
     Before each run every generator is seeded as a new process would be, so the
     resumed run knows only what ``load`` put back. Reports what this rank's
     ``save`` was given at the last snapshot (generators, position, weights,
-    momentum) and what ``load`` restored, whether rank 0's save rewrote the file
-    in place (not atomic), and the final weights of both runs."""
+    momentum, its own state) and what ``load`` restored, whether rank 0's save
+    rewrote the file in place (not atomic), and the final weights and last epoch's
+    mean loss of both runs."""
     model, X, y = probe_problem()
     saved: dict[str, Any] = {"in_place": False}
     restored: dict[str, Any] = {}
@@ -83,6 +85,7 @@ def snapshot_probe_rank(
             position=args[0],
             weights=cpu_state_dict(unwrap(model)),
             momentum=_optimizer_state(optimizer),
+            rank_state=copy.deepcopy(dict(args[2])),  # the loop appends to it later
         )
         before = os.stat(path).st_ino if rank == 0 and Path(path).exists() else None
         save(path, model, optimizer, *args)
@@ -96,6 +99,7 @@ def snapshot_probe_rank(
             position=position,
             weights=cpu_state_dict(unwrap(model)),
             momentum=_optimizer_state(optimizer),
+            rank_state=copy.deepcopy(mine),
         )
         return position, mine
 
@@ -119,5 +123,7 @@ def snapshot_probe_rank(
         "restored": restored,
         "uninterrupted": whole.parameters,
         "resumed": resumed.parameters,
+        "uninterrupted_loss": whole.train_loss[-1],
+        "resumed_loss": resumed.train_loss[-1],
         "resumed_steps": len(resumed.step_loss),
     }

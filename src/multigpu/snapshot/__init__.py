@@ -23,11 +23,10 @@ under torchrun::
         --nproc-per-node=2 --max-restarts=3 -m multigpu.ddp \\
         --snapshot DIR --snapshot-every 5 --kill-rank 1 --kill-at-step 13
 
-``--kill-rank R --kill-at-step S`` injects a fault: rank R kills itself with
-SIGKILL before step S, once (:class:`Fault`; a file in the snapshot folder
-remembers that it fired). Every rank that fails, dies or resumes notes the time in
-``DIR/events.jsonl`` (:func:`record_event`), from which :func:`restart_figures`
-computes how long the restart took and how many steps were lost.
+``--kill-rank R --kill-at-step S``: rank R kills itself with SIGKILL after step S
+(counted from 1), once (:class:`Fault`; a file in the folder remembers it). Ranks
+note failures, deaths and resumes in ``DIR/events.jsonl`` (:func:`record_event`);
+:func:`restart_figures` computes the restart's duration and the steps lost.
 """
 
 from multigpu.snapshot.events import (

@@ -1,4 +1,4 @@
-"""An injected fault: a rank that kills itself with SIGKILL before a step, once
+"""An injected fault: a rank that kills itself with SIGKILL after a step, once
 (11)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from multigpu.snapshot.events import record_event
 
 @dataclass(frozen=True)
 class Fault:
-    """Rank ``rank`` kills itself with SIGKILL before ``step``; once (11)."""
+    """Rank ``rank`` kills itself with SIGKILL after step ``step`` (counted from 1:
+    once it has done ``step`` steps, before the next); once (11)."""
 
     rank: int
     step: int
@@ -25,15 +26,15 @@ class Fault:
 
 
 def fire(fault: Fault | None, folder: str | os.PathLike, rank: int, step: int) -> None:
-    """If ``fault`` is due on this rank at this step and has not fired before: note
-    it in the folder, then SIGKILL this process (no clean-up, no message, as when
-    a machine dies or the out-of-memory killer strikes) (11)."""
+    """If ``fault`` is due on this rank after ``step`` steps done and has not fired
+    before: note it in the folder, then SIGKILL this process (no clean-up, no
+    message, as when a machine dies or the out-of-memory killer strikes) (11)."""
     if fault is None or fault.rank != rank or fault.step != step:
         return
     marker = fault.marker(folder)
     if marker.exists():
         return
-    marker.write_text(f"rank {rank} killed itself before step {step}\n")
+    marker.write_text(f"rank {rank} killed itself after step {step}\n")
     record_event(folder, "kill", rank=rank, step=step)
-    print(f"rank {rank}: SIGKILL to itself before step {step}", flush=True)
+    print(f"rank {rank}: SIGKILL to itself after step {step}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

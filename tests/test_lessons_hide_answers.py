@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # lesson notebook -> the functions whose source would answer one of its exercises
 ANSWERS = {
+    "00_devices": ["visible_gpus", "parse_visible_devices"],
+    "02_dataparallel_under_the_hood": ["scatter", "scatter_sizes"],
     "07_collectives_from_scratch": ["ring_all_reduce", "pipelined_reduce_scatter"],
     "08_allreduce_sgd": ["sgd_step"],
     "09_ddp_torchrun": ["evaluate_distributed"],
@@ -29,14 +31,21 @@ ANSWERS = {
     ],
     "10_ddp_by_hand": ["BucketedDDP"],
     "11_fault_tolerance": ["save_snapshot", "load_snapshot"],
+    "12_scaling_cost_model": ["fit_alpha_beta"],
     "13_sharding_zero_fsdp": [
         "zero2_step",
         "fully_shard_model",
         "fsdp2_rank",
         "fsdp2_load_rank",
     ],
-    "14_fsdp_by_hand": ["issue_with_prefetch", "gather_parameters", "reduce_gradient"],
-    "14b_fsdp2_in_practice": ["train_steps", "build_on_meta"],
+    "14_fsdp_by_hand": [
+        "UnitHooks",
+        "pre_forward",
+        "post_forward",
+        "pre_backward",
+        "post_backward",
+    ],
+    "14b_fsdp2_in_practice": ["train_steps", "build_on_meta", "shard_blocks"],
     "15_tensor_and_sequence_parallel": [
         "CopyToTensorParallel",
         "ReduceFromTensorParallel",
@@ -45,6 +54,9 @@ ANSWERS = {
         "VocabParallelCrossEntropy",
         "vocab_parallel_token_losses",
         "vocab_parallel_cross_entropy",
+        "block_plan",
+        "parallelize_block",
+        "parallelize_2d",
     ],
     "16_pipeline_parallel": ["one_f_one_b_actions"],
 }

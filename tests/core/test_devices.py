@@ -14,6 +14,7 @@ from multigpu.core.devices import (
     resolve_device,
     simulated_devices,
 )
+from multigpu.core.visible_devices import visible_gpus
 
 
 def test_simulated_devices_are_named_gpus_on_the_cpu():
@@ -100,6 +101,23 @@ VISIBLE_CASES = [
 def test_visible_devices_parsing_matches_pytorch(value, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     assert parse_visible_devices(value) == torch.cuda._parse_visible_devices()
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2, 4])
+@pytest.mark.parametrize("value", ["2,3", "3,1", "5,0", "1,3,0", "0,0", "1,a,2", ""])
+def test_visible_gpus_counts_like_pytorch(value, gpu_count, monkeypatch):
+    """As many GPUs as torch.cuda counts through NVML on a machine with gpu_count."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    monkeypatch.setattr(torch.cuda, "_raw_device_count_nvml", lambda: gpu_count)
+    expected = torch.cuda._device_count_nvml()
+    assert visible_gpus(value, gpu_count) == parse_visible_devices(value)[:expected]
+
+
+def test_visible_gpus_stop_at_the_first_missing_gpu():
+    assert visible_gpus(None, 3) == [0, 1, 2]
+    assert visible_gpus("1,3,0", 2) == [1]
+    assert visible_gpus("5,0", 2) == []
+    assert visible_gpus("GPU-abc,GPU-def", 1) == ["GPU-abc", "GPU-def"]
 
 
 def test_unset_visible_devices_means_every_gpu_in_physical_order(monkeypatch):

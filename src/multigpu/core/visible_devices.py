@@ -72,3 +72,22 @@ def physical_id(logical_id: int, visible: str | None = FROM_ENVIRONMENT) -> int 
             f"device(s), numbered 0..{len(entries) - 1}."
         )
     return entries[logical_id]
+
+
+def visible_gpus(value: str | None, gpu_count: int) -> list[int] | list[str]:
+    """The physical GPU behind ``cuda:0``, ``cuda:1``, ... under
+    ``CUDA_VISIBLE_DEVICES=value`` on a machine with ``gpu_count`` GPUs (00).
+
+    The entries of ``parse_visible_devices``, up to the first id the machine does not
+    have: the driver shows no GPU listed after it ("5,0" on 2 GPUs shows none), and
+    PyTorch counts the same way (``torch.cuda._device_count_nvml``). UUIDs are kept.
+    """
+    entries = parse_visible_devices(value)
+    if entries is None:
+        return list(range(gpu_count))
+    visible = []
+    for entry in entries:
+        if isinstance(entry, int) and entry >= gpu_count:
+            break
+        visible.append(entry)
+    return visible

@@ -12,7 +12,11 @@ from multigpu.tensor_parallel import (
     one_process_sgd,
     sequence_chunk,
 )
-from multigpu.tensor_parallel.dtensor import block_plan
+from multigpu.tensor_parallel.dtensor import (
+    block_plan,
+    mlp_plan,
+    sequence_parallel_plan,
+)
 from tests.tensor_parallel.problem import EXACT, block_and_data, lm_and_data
 
 
@@ -78,3 +82,16 @@ def test_the_sequence_parallel_plan_adds_layer_norms_and_input_gathers():
     assert type(plain["attn.q"]).__name__ == "ColwiseParallel"
     assert type(plain["mlp.fc2"]).__name__ == "RowwiseParallel"
     assert type(sequence["ln1"]).__name__ == "SequenceParallel"
+
+
+def test_the_block_plan_joins_the_attention_the_mlp_and_the_sequence_plan():
+    for sequence_parallel in (False, True):
+        plan = block_plan("block.", sequence_parallel)
+        mlp = mlp_plan("block.mlp.", sequence_parallel)
+        assert {name: type(style) for name, style in mlp.items()} == {
+            name: type(plan[name]) for name in mlp
+        }
+        fc2 = plan["block.mlp.fc2"]
+        assert str(fc2.output_layouts[0]) == ("S(1)" if sequence_parallel else "R")
+    extra = set(block_plan("block.", True)) - set(block_plan("block."))
+    assert extra == set(sequence_parallel_plan("block."))

@@ -1,7 +1,8 @@
 """The checkers of notebook 15's exercises: the conjugate operators f and g with a
 row-parallel linear (:func:`check_row_parallel`) and the vocabulary-parallel
 cross-entropy (:func:`check_vocab_parallel_loss`), each run on 2 ranks against one
-process; the message names the mistake (15)."""
+process; the message names the mistake (15). Exercise 4's checker,
+:func:`check_2d_plan`, is in :mod:`multigpu.exercises.tensor_parallel_plan`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from torch.nn import functional as F
 
 from multigpu.core.reproducibility import round_sig
-from multigpu.exercises._learner_code import importable_or_raise, last_line
+from multigpu.exercises._learner_code import importable_or_raise
+from multigpu.exercises.tensor_parallel_plan import check_2d_plan, describe_failure
 from multigpu.ranks.tensor_parallel import loss_exercise_rank, mlp_exercise_rank
 from multigpu.runtime.launch import (
     WorkerError,
@@ -19,8 +21,12 @@ from multigpu.runtime.launch import (
 )
 from multigpu.tensor_parallel import MLP, column_shard, row_shard
 
+__all__ = ["check_2d_plan", "check_row_parallel", "check_vocab_parallel_loss"]
+
 WORLD_SIZE = 2
 CLOSE = 1e-9  # float64: a right answer is ~1e-15 away
+VOCAB = 64  # exercise 2's vocabulary
+TIMEOUT_S = 30.0  # a collective that not every rank runs fails after this
 
 
 def _near(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -74,10 +80,10 @@ def check_row_parallel(
             mlp,
             x,
             grad_out,
-            timeout=30.0,
+            timeout=TIMEOUT_S,
         )
     except WorkerError as error:
-        return False, f"FAIL: a rank raised {last_line(error)}"
+        return False, describe_failure(error)
     bias = mlp.fc2.bias.detach()
     for rank, result in enumerate(results):
         out = result["out"]
@@ -85,21 +91,21 @@ def check_row_parallel(
             return False, (
                 f"FAIL: rank {rank}'s output has shape {tuple(out.shape)}, not "
                 f"{tuple(expected.shape)}: the ranks' partial outputs were "
-                "concatenated (an all-gather?). A row-parallel linear sums them: "
-                "g's forward is an all-reduce."
+                "concatenated (an all-gather?), but each of them is a partial sum "
+                "of the same output features."
             )
         if _near(out, expected + (WORLD_SIZE - 1) * bias):
             return False, (
                 "FAIL: the output is off by (world size - 1) x bias: every rank "
                 "added the bias before the all-reduce, which then summed it "
-                f"{WORLD_SIZE} times. Add the bias once, after the all-reduce."
+                f"{WORLD_SIZE} times."
             )
         if not _near(out, expected):
             return False, (
                 f"FAIL: rank {rank}'s output differs from one process by "
                 f"{round_sig((out - expected).abs().max().item())}: each rank holds "
-                "a partial sum of x·Aᵀ; g's forward must all-reduce it (the sum), "
-                "and f's forward must return its input unchanged."
+                "only a partial sum of x·Aᵀ, and every rank must end with the whole "
+                "sum (look at the forward of g, and of f)."
             )
     shares = _partial_x_grads(mlp, x, grad_out)
     for rank, result in enumerate(results):
@@ -107,21 +113,22 @@ def check_row_parallel(
         if _near(x_grad, shares[rank]):
             return False, (
                 "FAIL: the output is right, but the input's gradient is only this "
-                "rank's part of it: f's backward is missing its all-reduce. Each "
-                "rank's weight shard contributes a partial gradient; sum them."
+                "rank's part of it: each rank's weight shard contributes a partial "
+                "gradient, and nothing adds them up (look at f's backward)."
             )
         if _near(x_grad, WORLD_SIZE * xr.grad):
             return False, (
                 f"FAIL: the input's gradient is {WORLD_SIZE} times too large: g's "
                 "backward all-reduces a gradient that is already whole on every "
-                "rank. g's backward is the identity (return grad)."
+                "rank."
             )
         if not _near(x_grad, xr.grad):
             return False, (
                 "FAIL: the output is right but the input's gradient differs from "
                 "one process by "
-                f"{round_sig((x_grad - xr.grad).abs().max().item())}: f's backward "
-                "all-reduces (sums) the gradient; g's backward returns it unchanged."
+                f"{round_sig((x_grad - xr.grad).abs().max().item())}: look at the "
+                "backward of f and of g (which of them has partial gradients to "
+                "add up?)."
             )
     for rank, result in enumerate(results):
         grads = result["grads"]
@@ -145,12 +152,13 @@ def check_row_parallel(
 
 def _loss_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Moderate logits whose maxima differ between the ranks' halves, and logits
-    around 1000 (exp overflows without the shift); targets on both halves."""
+    around 1000 (exp overflows without the shift); targets on both halves. The
+    vocabulary (64) is much larger than what a right loss sends per token."""
     generator = torch.Generator().manual_seed(2)
-    moderate = torch.randn(6, 8, generator=generator, dtype=torch.float64) * 3
-    moderate[:, :4] += 5.0  # rank 0's half holds the larger logits
-    large = 1000 + torch.randn(6, 8, generator=generator, dtype=torch.float64)
-    target = torch.tensor([0, 7, 3, 4, 6, 1])
+    moderate = torch.randn(6, VOCAB, generator=generator, dtype=torch.float64) * 3
+    moderate[:, : VOCAB // 2] += 5.0  # rank 0's half holds the larger logits
+    large = 1000 + torch.randn(6, VOCAB, generator=generator, dtype=torch.float64)
+    target = torch.tensor([0, 63, 17, 40, 50, 5])
     return [(moderate, target), (large, target)]
 
 
@@ -178,19 +186,34 @@ def _wrong_losses(logits: torch.Tensor, target: torch.Tensor) -> dict[str, list]
 _LOSS_MISTAKES = {
     "max": (
         "FAIL: each rank subtracted its own maximum, so the ranks' exponentials "
-        "are shifted by different numbers and their sum means nothing. Take the "
-        "maximum over the whole vocabulary (all_reduce_max of each rank's maximum) "
-        "and subtract that on every rank."
+        "are scaled by different factors and their sum is not the softmax's "
+        "normaliser: the shift must be one number per token, the same on every "
+        "rank (look at all_reduce_max)."
     ),
     "sum": (
-        "FAIL: the sum of exponentials is only this rank's part of the vocabulary: "
-        "all-reduce it (ring_all_reduce or all_reduce_sum) before the log."
+        "FAIL: every rank's loss uses only its own slice of the vocabulary: the "
+        "normaliser (the sum of exponentials) must cover all ranks."
     ),
     "target": (
-        "FAIL: the target's logit is known only to the rank that holds that token: "
-        "set it to 0 on the other ranks and all-reduce it."
+        "FAIL: the loss is right only where this rank holds the token's target: "
+        "the target's logit lives on one rank, and every rank's loss needs it."
+    ),
+    "overflow": (
+        "FAIL: the loss is not finite for logits around 1000: exp overflows "
+        "float64 above about 709, so the exponentials need a shift that is the "
+        "same on every rank."
     ),
 }
+
+
+def _gathered(rank: int, moved: int, tokens: int, local: int) -> str:
+    return (
+        f"FAIL: rank {rank}'s collectives moved {moved} numbers for {tokens} tokens, "
+        f"more than its own {local} logits: the logits were gathered (or summed "
+        "into a tensor as wide as the vocabulary). That is the batch·seq·vocab "
+        "exchange a vocabulary-parallel loss exists to avoid: each token needs "
+        "only a few numbers from the other ranks."
+    )
 
 
 def check_vocab_parallel_loss(
@@ -198,31 +221,33 @@ def check_vocab_parallel_loss(
 ) -> tuple[bool, str]:
     """Run the learner's per-token ``loss_function(local_logits, target, start)``
     on 2 ranks and compare with ``F.cross_entropy(..., reduction="none")`` of the
-    whole logits (15's exercise 2)."""
+    whole logits; refuse a loss whose collectives move as many numbers as the
+    rank's logits (15's exercise 2)."""
     importable_or_raise(loss_function, "function", passed="object")
     cases = _loss_cases()
     try:
         results = spawn(
-            loss_exercise_rank, WORLD_SIZE, loss_function, cases, timeout=30.0
+            loss_exercise_rank, WORLD_SIZE, loss_function, cases, timeout=TIMEOUT_S
         )
     except WorkerError as error:
-        return False, f"FAIL: a rank raised {last_line(error)}"
+        return False, describe_failure(error)
+    most = 0
     for index, (logits, target) in enumerate(cases):
         expected = F.cross_entropy(logits, target, reduction="none")
         wrong = _wrong_losses(logits, target)
+        local = logits.numel() // WORLD_SIZE  # the logits one rank holds
         for rank, per_rank in enumerate(results):
-            loss = per_rank[index]
+            loss, moved = per_rank["losses"][index], per_rank["communicated"][index]
+            most = max(most, moved)
             if loss.shape != expected.shape:
                 return False, (
-                    f"FAIL: the loss has shape {tuple(loss.shape)}; return one loss "
-                    f"per token, shape {tuple(expected.shape)}."
+                    f"FAIL: the loss has shape {tuple(loss.shape)}: one loss per "
+                    f"token has shape {tuple(expected.shape)}."
                 )
+            if moved >= local:
+                return False, _gathered(rank, moved, len(target), local)
             if not torch.isfinite(loss).all():
-                return False, (
-                    "FAIL: the loss is not finite for logits around 1000: exp(1000) "
-                    "overflows. Subtract the maximum over the whole vocabulary "
-                    "before exp (all_reduce_max of each rank's maximum)."
-                )
+                return False, _LOSS_MISTAKES["overflow"]
             if _near(loss, expected):
                 continue
             for mistake, values in wrong.items():
@@ -230,11 +255,16 @@ def check_vocab_parallel_loss(
                     return False, _LOSS_MISTAKES[mistake]
             return False, (
                 f"FAIL: rank {rank}'s loss differs from the full cross-entropy by "
-                f"{round_sig((loss - expected).abs().max().item())}: it is "
-                "log(sum of exp over all ranks) - the target's logit, both shifted "
-                "by the global maximum."
+                f"{round_sig((loss - expected).abs().max().item())}, and not in one "
+                "of the usual ways (a rank's own maximum, its own sum of "
+                "exponentials, a target's logit known to one rank only). A token's "
+                "loss weighs its target's logit against all V logits, spread over "
+                "the ranks: compare each part with one process on a small example."
             )
+    tokens = len(cases[0][1])
     return True, (
         f"PASS: on {WORLD_SIZE} ranks your loss equals the full cross-entropy, for "
-        "logits around 1000 too, without gathering the logits."
+        f"logits around 1000 too, and no rank's collectives moved more than {most} "
+        f"numbers for {tokens} tokens (a rank holds {VOCAB // WORLD_SIZE} logits "
+        "per token): the logits were never gathered."
     )

@@ -7,14 +7,17 @@ language model with vocabulary-parallel embedding and cross-entropy;
 :func:`dtensor_block_rank`, :func:`dtensor_lm_rank` and :func:`two_d_rank` run the
 same with PyTorch's DTensor API, the last on a 2-D (dp, tp) mesh with FSDP2;
 :func:`cross_entropy_rank` runs one loss on given logits. The exercises' checkers
-start :func:`mlp_exercise_rank` and :func:`loss_exercise_rank`.
+start :func:`mlp_exercise_rank`, :func:`loss_exercise_rank` and
+:func:`plan_exercise_rank`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from multigpu.tensor_parallel import (
     TensorParallelBlock,
     TensorParallelLM,
     column_shard,
+    count_communication,
     record_collectives,
     row_shard,
     saved_activation_bytes,
@@ -247,14 +251,97 @@ def loss_exercise_rank(
     world_size: int,
     loss_function: Callable[..., torch.Tensor],
     cases: list[tuple[torch.Tensor, torch.Tensor]],
-) -> list[torch.Tensor]:
+) -> dict[str, list]:
     """The learner's per-token ``loss_function(local_logits, target, start)`` on
-    this rank's vocabulary columns of each (logits, target) of ``cases`` (15's
-    exercise 2)."""
-    losses = []
+    this rank's vocabulary columns of each (logits, target) of ``cases``: the
+    losses, and the elements its collectives moved for each case (15's exercise
+    2)."""
+    losses, communicated = [], []
     for logits, target in cases:
         start = vocab_start(logits.shape[-1], rank, world_size)
         local = logits.tensor_split(world_size, dim=-1)[rank].clone()
-        with torch.no_grad():
+        with torch.no_grad(), count_communication() as counter:
             losses.append(loss_function(local, target, start).detach().clone())
-    return losses
+        communicated.append(counter.elements)
+    return {"losses": losses, "communicated": communicated}
+
+
+@contextlib.contextmanager
+def _recorded_styles(block: nn.Module) -> Iterator[dict[str, tuple[str, tuple]]]:
+    """{submodule name: (style, mesh dimension names)} for every ColwiseParallel
+    and RowwiseParallel that ``parallelize_module`` applies to ``block`` inside."""
+    from torch.distributed.tensor import parallel
+
+    names = {id(module): name for name, module in block.named_modules()}
+    applied: dict[str, tuple[str, tuple]] = {}
+    originals = {}
+    for style in (parallel.ColwiseParallel, parallel.RowwiseParallel):
+        originals[style] = style.__dict__["_apply"]
+
+        def spy(self, module, device_mesh, _original=originals[style]):
+            dims = tuple(device_mesh.mesh_dim_names or ())
+            applied[names.get(id(module), "?")] = (type(self).__name__, dims)
+            return _original(self, module, device_mesh)
+
+        style._apply = spy
+    try:
+        yield applied
+    finally:
+        for style, original in originals.items():
+            style._apply = original
+
+
+def _mesh_of(tensor: torch.Tensor) -> tuple:
+    """The mesh dimension names a DTensor lives on; () for a plain tensor."""
+    mesh = getattr(tensor, "device_mesh", None)
+    return () if mesh is None else tuple(mesh.mesh_dim_names or ())
+
+
+def plan_exercise_rank(
+    rank: int,
+    world_size: int,
+    parallelize: Callable[..., Any],
+    block: nn.Module,
+    X: torch.Tensor,
+    Y: torch.Tensor,
+) -> dict[str, Any]:
+    """The learner's ``parallelize(block, mesh)`` on a (dp, tp) = (2,
+    world_size/2) mesh, then one forward and backward of the mean squared error on
+    this dp group's half of the batch. Returns the styles applied, the heads the
+    attention counts, the mesh of the LayerNorm weight, any error, the output and
+    the whole gradients (15's exercise 4)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    for noisy in ("torch.distributed.tensor._redistribute", "torch._subclasses"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    # FSDP2 on a submodule whose output is a view warns; the learner need not care.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+    block = copy.deepcopy(block)
+    result: dict[str, Any] = {"error": None, "stage": "parallelize"}
+    with _recorded_styles(block) as applied:
+        try:
+            parallelize(block, mesh)
+        except Exception as error:  # the learner's code: report it, do not raise
+            result["error"] = f"{type(error).__name__}: {error}".splitlines()[0]
+    result |= {
+        "applied": applied,
+        "heads": getattr(getattr(block, "attn", None), "heads", None),
+        "layer_norm_mesh": _mesh_of(block.ln1.weight),
+    }
+    if result["error"]:
+        return result
+    dp = mesh["dp"].get_local_rank()
+    x, y = X.chunk(2)[dp], Y.chunk(2)[dp]
+    result["stage"] = "forward or backward"
+    try:
+        out = _full(block(x))
+        ((out - y) ** 2).mean().backward()
+        grads = {
+            name: None if p.grad is None else _full(p.grad)
+            for name, p in block.named_parameters()
+        }
+    except Exception as error:
+        result["error"] = f"{type(error).__name__}: {error}".splitlines()[0]
+        return result
+    return result | {"dp": dp, "out": out.detach(), "grads": grads}

@@ -61,6 +61,7 @@ from multigpu.tensor_parallel.operators import (
     all_reduce_max,
     all_reduce_sum,
     check_divisible,
+    count_communication,
     record_collectives,
     sequence_chunk,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "check_divisible",
     "check_splittable",
     "column_shard",
+    "count_communication",
     "dropout_mask",
     "make_block",
     "max_difference",

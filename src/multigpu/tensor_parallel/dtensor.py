@@ -7,9 +7,11 @@ k, v and fc1, ``RowwiseParallel`` for the output projection and fc2 (Megatron's
 column and row split), and, for sequence parallelism, ``SequenceParallel`` on the
 LayerNorms with ``PrepareModuleInput`` turning the sequence shards into a whole
 input (an all-gather) and ``RowwiseParallel(output_layouts=Shard(1))`` producing
-shards again (a reduce-scatter). :func:`parallelize_lm` adds a vocabulary-parallel
-embedding and a head whose logits stay sharded for ``loss_parallel``
-(``torch/distributed/tensor/parallel/loss.py``). Run inside a process group.
+shards again (a reduce-scatter): :func:`mlp_plan`, :func:`sequence_parallel_plan`
+and :func:`block_plan`, which joins them. :func:`parallelize_lm` adds a
+vocabulary-parallel embedding and a head whose logits stay sharded for
+``loss_parallel`` (``torch/distributed/tensor/parallel/loss.py``). Run inside a
+process group.
 """
 
 from __future__ import annotations
@@ -28,6 +30,33 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+def mlp_plan(
+    prefix: str = "", sequence_parallel: bool = False
+) -> dict[str, ParallelStyle]:
+    """The plan of an MLP whose name is ``prefix``: fc1 cut by columns, fc2 by rows;
+    under sequence parallelism fc2 reduce-scatters its output along the sequence
+    (15)."""
+    out = Shard(1) if sequence_parallel else Replicate()  # the sequence is dim 1
+    return {
+        f"{prefix}fc1": ColwiseParallel(),  # f on its input
+        f"{prefix}fc2": RowwiseParallel(output_layouts=out),  # g on its output
+    }
+
+
+def sequence_parallel_plan(prefix: str = "") -> dict[str, ParallelStyle]:
+    """What sequence parallelism adds to a Block's plan: LayerNorms on sequence
+    shards, and an all-gather of the sequence into attention and the MLP (15)."""
+    gather = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+    )
+    return {
+        f"{prefix}ln1": SequenceParallel(),
+        f"{prefix}ln2": SequenceParallel(),
+        f"{prefix}attn": gather,
+        f"{prefix}mlp": gather,
+    }
+
+
 def block_plan(
     prefix: str = "", sequence_parallel: bool = False
 ) -> dict[str, ParallelStyle]:
@@ -38,19 +67,10 @@ def block_plan(
         f"{prefix}attn.k": ColwiseParallel(),
         f"{prefix}attn.v": ColwiseParallel(),
         f"{prefix}attn.out": RowwiseParallel(output_layouts=out),
-        f"{prefix}mlp.fc1": ColwiseParallel(),
-        f"{prefix}mlp.fc2": RowwiseParallel(output_layouts=out),
     }
+    plan |= mlp_plan(f"{prefix}mlp.", sequence_parallel)
     if sequence_parallel:
-        gather = PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-        )
-        plan |= {
-            f"{prefix}ln1": SequenceParallel(),
-            f"{prefix}ln2": SequenceParallel(),
-            f"{prefix}attn": gather,
-            f"{prefix}mlp": gather,
-        }
+        plan |= sequence_parallel_plan(prefix)
     return plan
 
 

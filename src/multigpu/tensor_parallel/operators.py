@@ -8,14 +8,15 @@ al. 2022, section 4.2.2):
 - :class:`CopyToTensorParallel` (f): identity forward, all-reduce backward;
 - :class:`ReduceFromTensorParallel` (g): all-reduce forward, identity backward;
 - :class:`GatherFromSequenceParallel`: all-gather along the sequence forward,
-  reduce-scatter backward (f under sequence parallelism);
+  reduce-scatter backward (in f's place under sequence parallelism; the paper's g);
 - :class:`ReduceScatterToSequenceParallel`: reduce-scatter forward, all-gather
-  backward (g under sequence parallelism).
+  backward (in g's place under sequence parallelism; the paper's ḡ).
 
 Every collective they run is written to the ledger while :func:`record_collectives`
 is open, with the bytes this rank sent, so tests count them against
 :mod:`multigpu.costmodel.tensor_parallel`. Tensors are (batch, seq, hidden); the
-sequence is dimension 1. Megatron's own versions are in
+sequence is dimension 1. :func:`count_communication` counts what any collective
+moved, whichever API ran it (the checkers use it). Megatron's own versions are in
 ``megatron/core/tensor_parallel/mappings.py``.
 """
 
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from multigpu.collectives import all_gather, reduce_scatter, ring_all_reduce
 
@@ -60,6 +63,32 @@ def record_collectives() -> Iterator[list[CollectiveRecord]]:
 def _note(kind: str, phase: str, nbytes: int) -> None:
     if _ledger is not None:
         _ledger.append(CollectiveRecord(kind, phase, nbytes))
+
+
+class _CommunicationCounter(TorchDispatchMode):
+    """Adds up the elements of the tensors that every c10d operation touches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d":  # send, recv_, allreduce_, allgather_, ...
+            tensors = tree_leaves((args, kwargs))
+            self.elements += sum(
+                t.numel() for t in tensors if isinstance(t, torch.Tensor)
+            )
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def count_communication() -> Iterator[_CommunicationCounter]:
+    """Count, in ``.elements``, the tensor elements in the buffers of every
+    collective and send/receive this process runs inside the block, whichever API
+    called it (``dist.*``, 07's collectives, DTensor) (15)."""
+    with _CommunicationCounter() as counter:
+        yield counter
 
 
 def check_divisible(what: str, size: int, world_size: int) -> None:
@@ -146,8 +175,9 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 
 
 class GatherFromSequenceParallel(torch.autograd.Function):
-    """f under sequence parallelism: all-gather the sequence chunks forward;
-    backward, sum the partial gradients and keep this rank's chunk (15)."""
+    """f's place under sequence parallelism (Korthikanti et al.'s g): all-gather the
+    sequence chunks forward; backward, sum the partial gradients and keep this
+    rank's chunk (15)."""
 
     @staticmethod
     def forward(ctx, local: torch.Tensor) -> torch.Tensor:
@@ -159,8 +189,9 @@ class GatherFromSequenceParallel(torch.autograd.Function):
 
 
 class ReduceScatterToSequenceParallel(torch.autograd.Function):
-    """g under sequence parallelism: sum the partial outputs and keep this rank's
-    sequence chunk; backward, all-gather the chunks' gradients (15)."""
+    """g's place under sequence parallelism (Korthikanti et al.'s ḡ): sum the
+    partial outputs and keep this rank's sequence chunk; backward, all-gather the
+    chunks' gradients (15)."""
 
     @staticmethod
     def forward(ctx, partial: torch.Tensor) -> torch.Tensor:

@@ -126,6 +126,14 @@ def fsdp_memory_ledger(
     return ledger
 
 
+def _segments(blocks: int, every: int, segment: int) -> list[tuple[int, bool]]:
+    """(blocks in it, checkpointed?) per segment, as CheckpointedStack cuts them."""
+    return [
+        (min(segment, blocks - first), every > 0 and j % every == 0)
+        for j, first in enumerate(range(0, blocks, segment))
+    ]
+
+
 def checkpointed_activation_bytes(
     blocks: int,
     block_bytes: float,
@@ -133,17 +141,33 @@ def checkpointed_activation_bytes(
     every: int = 0,
     segment: int = 1,
 ) -> float:
-    """Bytes a stack of ``blocks`` holds from forward to backward: each block saves
+    """Bytes a stack of ``blocks`` keeps from forward to backward: each block saves
     ``block_bytes`` (its input included), a checkpointed segment only its input
     ``input_bytes``; segments of ``segment`` blocks, one in every ``every`` is
     checkpointed (0: none), as :class:`multigpu.fsdp.CheckpointedStack` cuts them
     (14)."""
-    total = 0.0
-    for j, first in enumerate(range(0, blocks, segment)):
-        size = min(segment, blocks - first)
-        checkpointed = every > 0 and j % every == 0
-        total += input_bytes if checkpointed else size * block_bytes
-    return total
+    return sum(
+        input_bytes if checkpointed else size * block_bytes
+        for size, checkpointed in _segments(blocks, every, segment)
+    )
+
+
+def checkpointed_peak_bytes(
+    blocks: int,
+    block_bytes: float,
+    input_bytes: float,
+    every: int = 0,
+    segment: int = 1,
+) -> float:
+    """The peak of saved bytes over forward AND backward: when backward reaches a
+    segment, the segments before it still keep what forward left them, and this
+    one holds all its blocks' saved tensors (recomputed if it was checkpointed);
+    the largest such sum (at least what forward keeps) (14)."""
+    peak = before = 0.0
+    for size, checkpointed in _segments(blocks, every, segment):
+        peak = max(peak, before + size * block_bytes)
+        before += input_bytes if checkpointed else size * block_bytes
+    return max(peak, before)
 
 
 def recompute_bytes(segment: int, block_bytes: float) -> float:
@@ -155,6 +179,18 @@ def recompute_bytes(segment: int, block_bytes: float) -> float:
 def sqrt_rule_segment(blocks: int) -> int:
     """The √n rule (Chen et al., 2016): segments of about √n blocks minimize
     n/k inputs kept plus k blocks recomputed at once, when a block saves about as
-    much as its input; the nearest whole number (14)."""
+    much as its input; the nearest whole number (14). A block that saves more than
+    its input wants shorter segments: :func:`best_checkpoint_segment`."""
     check_positive_int("blocks", blocks)
     return max(1, round(blocks**0.5))
+
+
+def best_checkpoint_segment(blocks: int, block_bytes: float, input_bytes: float) -> int:
+    """The segment length k (every segment checkpointed) with the lowest
+    :func:`checkpointed_peak_bytes`, about √(n · input / block); the shortest of
+    equals (14)."""
+    check_positive_int("blocks", blocks)
+    return min(
+        range(1, blocks + 1),
+        key=lambda k: checkpointed_peak_bytes(blocks, block_bytes, input_bytes, 1, k),
+    )

@@ -10,8 +10,9 @@ reduce-scatter (:mod:`multigpu.collectives`):
 - :mod:`~multigpu.fsdp.prefetch`: issue the next units' all-gathers early;
 - :mod:`~multigpu.fsdp.mixed_precision`: cast before the all-gather, reduce in fp32;
 - :mod:`~multigpu.fsdp.sharded`: :class:`FSDPByHand`, the hooks that put it together;
+- :mod:`~multigpu.fsdp.hooks`: the four hooks of one unit, plainly (the exercise);
 - :mod:`~multigpu.fsdp.train`: a rank's training loop;
-- :mod:`~multigpu.fsdp.timeline`: what communication hid behind compute;
+- :mod:`~multigpu.fsdp.timeline`: a unit's life, what communication hid behind compute;
 - :mod:`~multigpu.fsdp.checkpointing`: activation checkpointing, saved bytes counted.
 
 The formulas are in :mod:`multigpu.costmodel.fsdp`, the rank functions in
@@ -26,17 +27,19 @@ from multigpu.fsdp.checkpointing import (
     make_block_stack,
     parameter_storages,
 )
+from multigpu.fsdp.hooks import HookedFSDP, HookedUnit, UnitHooks
 from multigpu.fsdp.mixed_precision import gather_parameters, reduce_gradient
 from multigpu.fsdp.models import TiedFrozenNet
 from multigpu.fsdp.prefetch import issue_with_prefetch
 from multigpu.fsdp.sharded import FSDPByHand
 from multigpu.fsdp.stream import CommStream, Handle
-from multigpu.fsdp.timeline import gather_hidden_share, step_seconds
+from multigpu.fsdp.timeline import gather_hidden_share, step_seconds, unit_life
 from multigpu.fsdp.train import (
     FSDPHistory,
     train_fsdp,
     train_fsdp2_mixed,
     train_ranks_arithmetic_adam,
+    train_unit_hooks,
 )
 from multigpu.fsdp.units import FlatUnit, check_units, plan_units
 
@@ -47,9 +50,12 @@ __all__ = [
     "FSDPHistory",
     "FlatUnit",
     "Handle",
+    "HookedFSDP",
+    "HookedUnit",
     "ResidualBlock",
     "SavedActivations",
     "TiedFrozenNet",
+    "UnitHooks",
     "check_units",
     "gather_hidden_share",
     "gather_parameters",
@@ -62,4 +68,6 @@ __all__ = [
     "train_fsdp",
     "train_fsdp2_mixed",
     "train_ranks_arithmetic_adam",
+    "train_unit_hooks",
+    "unit_life",
 ]

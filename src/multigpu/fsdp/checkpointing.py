@@ -9,11 +9,16 @@ the inputs, then packs every other tensor as a placeholder).
 :class:`CheckpointedStack` checkpoints segments of ``segment`` blocks, one segment
 in every ``every`` (0: none). :class:`SavedActivations` counts the bytes saved for
 backward with ``torch.autograd.graph.saved_tensors_hooks``: each buffer once, from
-the moment it is saved until autograd lets go of it, parameters left out.
+the moment it is saved until autograd lets go of it, parameters left out. The
+tensors a checkpointed segment saves again when backward recomputes it are
+counted too (the stack passes checkpoint a ``context_fn`` whose recomputation
+context adds the counter's pack hook on top of checkpoint's own,
+``_recomputation_hook``), so ``peak_bytes`` is the peak over forward and backward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 
@@ -56,7 +61,10 @@ class CheckpointedStack(nn.Sequential):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         for blocks, checkpointed in self.segments():
             run = nn.Sequential(*blocks)  # no parameters of its own
-            h = checkpoint(run, h, use_reentrant=False) if checkpointed else run(h)
+            if checkpointed:  # context_fn: only so that recomputation is counted
+                h = checkpoint(run, h, use_reentrant=False, context_fn=_counting)
+            else:
+                h = run(h)
         return h
 
 
@@ -71,9 +79,11 @@ def make_block_stack(
 
 class SavedActivations:
     """A context in which every tensor autograd saves is counted: ``alive_bytes``
-    now, ``peak_bytes`` at most; each buffer once; a tensor for which
-    ``is_parameter`` is true is left out (:func:`parameter_storages`: one that
-    shares memory with a parameter, e.g. ``weight.t()``, which Linear saves) (14)."""
+    now, ``peak_bytes`` at most, through the backward that follows (a
+    :class:`CheckpointedStack`'s recomputation included); each buffer once; a
+    tensor for which ``is_parameter`` is true is left out (:func:`parameter_storages`:
+    one that shares memory with a parameter, e.g. ``weight.t()``, which Linear
+    saves) (14)."""
 
     def __init__(self, is_parameter: Callable[[torch.Tensor], bool]) -> None:
         self.is_parameter = is_parameter
@@ -84,6 +94,12 @@ class SavedActivations:
     def pack(self, tensor: torch.Tensor):
         if self.is_parameter(tensor):
             return tensor
+        held = _Held(tensor)
+        self.count(tensor, held)
+        return held
+
+    def count(self, tensor: torch.Tensor, holder: object) -> None:
+        """Count ``tensor``'s buffer as alive until ``holder`` is dropped."""
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self.holders:
@@ -91,9 +107,7 @@ class SavedActivations:
             self.alive_bytes += storage.nbytes()
             self.peak_bytes = max(self.peak_bytes, self.alive_bytes)
         self.holders[key] += 1
-        held = _Held(tensor)
-        weakref.finalize(held, self.release, key, storage.nbytes())
-        return held
+        weakref.finalize(holder, self.release, key, storage.nbytes())
 
     def release(self, key: int, nbytes: int) -> None:
         self.holders[key] -= 1
@@ -107,10 +121,44 @@ class SavedActivations:
 
     def __enter__(self) -> SavedActivations:
         self.hooks.__enter__()
+        _COUNTERS.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        _COUNTERS.remove(self)
         self.hooks.__exit__(*exc)
+
+
+_COUNTERS: list[SavedActivations] = []  # the counters entered, innermost last
+
+
+class _CountRecomputed(torch.autograd.graph.saved_tensors_hooks):
+    """Entered by checkpoint around a segment's recomputation, inside its own
+    ``_recomputation_hook``: each tensor goes on to that hook (which keeps it until
+    backward uses it), and what it keeps is counted until it is dropped."""
+
+    def __init__(self, counter: SavedActivations) -> None:
+        self.outer = None
+
+        def pack(tensor: torch.Tensor):
+            kept = self.outer[0](tensor.detach())  # a new alias: dropped with it
+            if not counter.is_parameter(tensor):
+                counter.count(tensor, kept)
+            return kept
+
+        super().__init__(pack, lambda packed: self.outer[1](packed))
+
+    def __enter__(self):
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        self.outer = top or (lambda t: t, lambda t: t)
+        return super().__enter__()
+
+
+def _counting():
+    """checkpoint's ``context_fn``: nothing in forward; in recomputation, count
+    for the :class:`SavedActivations` entered when forward ran, if any."""
+    recompute = _CountRecomputed(_COUNTERS[-1]) if _COUNTERS else None
+    return contextlib.nullcontext(), recompute or contextlib.nullcontext()
 
 
 def parameter_storages(parameters) -> Callable[[torch.Tensor], bool]:

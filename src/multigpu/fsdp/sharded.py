@@ -17,7 +17,9 @@ FSDP2's do (``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``):
   reduce-scatter and put the mean gradient chunks into ``shard.grad``.
 
 Collectives run on a :class:`~multigpu.fsdp.stream.CommStream`; a
-:class:`~multigpu.zero.Meter` counts bytes sent and gathered bytes alive.
+:class:`~multigpu.zero.Meter` counts bytes sent and gathered bytes alive; with
+``record=True`` the timeline also holds a "gathered" span per unit from the moment
+its memory comes back to the moment it is freed.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class FSDPByHand(nn.Module):
         if unit.handle is None:
             unit.full.untyped_storage().resize_(unit.nbytes())  # the memory comes back
             self.meter.gathered(unit.writer)
+            unit.gathered_at = self.stream.now()
 
             def work() -> None:
                 self.meter.bytes_sent += self.gather(unit.shard, unit.writer)
@@ -129,6 +132,11 @@ class FSDPByHand(nn.Module):
             unit.full.untyped_storage().resize_(0)
             self.meter.freed(unit.writer)
             unit.handle = None
+            if self.stream.record:  # how long the unit's memory was there
+                now = self.stream.now()
+                self.events.append(
+                    TimelineEvent("gathered", unit.name, unit.gathered_at, now)
+                )
 
     def _ready(self, unit: FlatUnit, order: list[int], when: str) -> None:
         self.prefetch(self, order, order.index(unit.index))

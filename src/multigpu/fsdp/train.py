@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import TrainConfig
 from multigpu.fsdp.checkpointing import SavedActivations
+from multigpu.fsdp.hooks import HookedFSDP, MistakeFound, full_parameters
 from multigpu.fsdp.sharded import FSDPByHand
 from multigpu.miniddp import TimelineEvent, broadcast_from_rank0
 from multigpu.zero import (
@@ -55,7 +56,8 @@ def train_fsdp(
     ``options``: units, depth, param_dtype, reshard_after_forward, record, prefetch,
     gather, reduce) on this rank; the history holds the full weights, gathered.
     With ``count_activations`` the ledger's "activations" is the peak of bytes
-    saved for backward by the model (the loss's own left out) (14)."""
+    saved for backward by the model over forward and backward, recomputation
+    included (the loss's own left out) (14)."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     steps, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     check_same_step_counts(len(steps))
@@ -89,6 +91,36 @@ def train_fsdp(
         fsdp.stream.close()
     history.train_loss = epoch_means(history.step_loss, steps_per_epoch)
     return history
+
+
+def train_unit_hooks(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig, hooks
+) -> dict:
+    """Train a copy of ``model`` on this rank with each unit's life left to
+    ``hooks`` (:class:`~multigpu.fsdp.hooks.HookedFSDP`); stop at the first
+    mistake. Returns "mistake" (None, or the log entry of the hook at fault),
+    "parameters" (the full weights, gathered, when training finished), "log" (the
+    first step's hooks) and "peak gathered units" (14)."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    steps, _ = run_batches(len(X), config, world_size, rank)
+    check_same_step_counts(len(steps))
+    model = copy.deepcopy(model)
+    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    wrapper = HookedFSDP(model, hooks)
+    optimizer = torch.optim.Adam(wrapper.shards, lr=config.lr)
+    report: dict = {"mistake": None, "parameters": None}
+    try:
+        for indices in steps:
+            optimizer.zero_grad()
+            output = wrapper(X[indices])
+            F.cross_entropy(output, y[indices]).backward()
+            optimizer.step()  # Adam on this rank's shards only
+        report["parameters"] = full_parameters(wrapper)
+    except MistakeFound:
+        report["mistake"] = wrapper.mistake
+    report["log"] = [entry for entry in wrapper.log if entry["step"] == 1]
+    report["peak gathered units"] = wrapper.peak_gathered_units
+    return report
 
 
 def train_fsdp2_mixed(

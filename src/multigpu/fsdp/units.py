@@ -142,6 +142,7 @@ class FlatUnit:
             if attr in module._parameters:
                 del module._parameters[attr]  # the shard is the parameter now
         self.handle = None  # the pending or finished all-gather, None when freed
+        self.gathered_at = 0.0  # when its memory last came back (timeline seconds)
 
     def install(self) -> None:
         """Point each module's attribute at its slice of the gathered buffer."""

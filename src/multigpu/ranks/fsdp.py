@@ -9,6 +9,7 @@ from torch import nn
 
 from multigpu.core.train import TrainConfig
 from multigpu.fsdp import FSDPHistory, train_fsdp, train_fsdp2_mixed
+from multigpu.fsdp.train import train_unit_hooks
 
 
 def _own(model: Any, rank: int) -> nn.Module:
@@ -42,6 +43,25 @@ def fsdp2_mixed_runs_rank(
         train_fsdp2_mixed(_own(model, rank), X, y, config)
         for model, X, y, config in runs
     ]
+
+
+def unit_hooks_rank(
+    rank: int,
+    world_size: int,
+    hooks: Any,
+    runs: list[tuple[Any, torch.Tensor, torch.Tensor, TrainConfig]],
+) -> list[dict[str, Any]]:
+    """Train each (model, X, y, config) of ``runs`` with each unit's life left to
+    ``hooks`` (a hooks class, made here, or an object), until the first mistake;
+    one report per run (:func:`~multigpu.fsdp.train.train_unit_hooks`) (14)."""
+    torch.set_num_threads(1)
+    hooks = hooks() if isinstance(hooks, type) else hooks
+    reports = []
+    for model, X, y, config in runs:
+        reports.append(train_unit_hooks(_own(model, rank), X, y, config, hooks))
+        if reports[-1]["mistake"]:
+            break
+    return reports
 
 
 def mixed_precision_exercise_rank(

@@ -14,6 +14,7 @@ from multigpu.exercises.allreduce_sgd import check_step
 from multigpu.ranks.allreduce_sgd import compare_data_parallel, train_data_parallel
 from multigpu.runtime.launch import WorkerNotImportableError
 from tests import ranks
+from tests.exercises import wrong_allreduce_sgd as wrong
 
 NUM_SAMPLES = 40  # 2 full global batches of 16 per epoch; 8 samples left over
 CONFIG = TrainConfig(epochs=3, batch_size=16, lr=0.2, momentum=0.5, seed=3)
@@ -53,16 +54,9 @@ def step_returning_the_batch_sum(model, optimizer, X, y, config, distributed=Fal
     return sgd_step(model, optimizer, X, y, config, distributed) * len(y)
 
 
-def step_all_reducing_always(model, optimizer, X, y, config, distributed=False):
-    """Mistake: all-reduces even in one process, where there is no process group."""
-    return ranks.step_all_reducing_each_gradient(
-        model, optimizer, X, y, config, distributed=True
-    )
-
-
 @pytest.mark.parametrize(
     "step",
-    [sgd_step, ranks.step_all_reducing_each_gradient],
+    [sgd_step, ranks.step_all_reducing_each_gradient, wrong.clears_gradients_by_hand],
     ids=lambda s: s.__name__,
 )
 def test_check_step_passes_a_correct_step(problem64, step):
@@ -120,6 +114,50 @@ def test_a_step_the_ranks_cannot_import_is_refused_before_any_process_starts(
         compare_data_parallel(*problem64, {"run": CONFIG}, 2, step=stale)
 
 
-def test_a_step_that_all_reduces_in_one_process_gets_a_clear_error(problem64):
-    with pytest.raises(RuntimeError, match="All-reduce only when distributed is True"):
-        check_step(step_all_reducing_always, *problem64, CONFIG)
+def test_a_step_that_all_reduces_in_one_process_is_a_fail_not_a_traceback(problem64):
+    passed, message = check_step(wrong.all_reduce_always, *problem64, CONFIG)
+    assert not passed
+    assert message.startswith(
+        "FAIL: in one process (distributed=False) your step called "
+        "torch.distributed, which needs a process group, and there is none: "
+        "ValueError: "
+    ), message
+    assert message.endswith("communicate only when distributed is True."), message
+
+
+def test_clearing_the_gradients_between_backward_and_step_is_named(problem64):
+    passed, message = check_step(
+        wrong.zero_grad_between_backward_and_step, *problem64, CONFIG
+    )
+    assert not passed
+    assert message == (
+        "FAIL: your step never changed the weights: the gradients were cleared "
+        "between backward and the optimizer step, so optimizer.step() found no "
+        "gradients to apply. Clear them before this step's backward pass, so that "
+        "the step applies what its own backward computed."
+    )
+
+
+def test_a_step_that_never_steps_is_named(problem64):
+    passed, message = check_step(wrong.backward_without_step, *problem64, CONFIG)
+    assert not passed
+    assert message == (
+        "FAIL: your step computes gradients but never changes the weights: it "
+        "never calls optimizer.step() after backward."
+    )
+
+
+def test_an_exception_in_the_step_is_a_fail(problem64):
+    passed, message = check_step(wrong.raises_on_a_wrong_shape, *problem64, CONFIG)
+    assert not passed
+    assert message.startswith("FAIL: in one process your step raised RuntimeError: ")
+
+
+def test_an_all_reduce_on_rank_0_only_is_a_fail_naming_the_stuck_collective(
+    problem64,
+):
+    passed, message = check_step(wrong.all_reduce_on_rank_0_only, *problem64, CONFIG)
+    assert not passed
+    assert message.startswith(
+        "FAIL: on 2 ranks the ranks stopped waiting for each other: a collective "
+    ), message

@@ -5,14 +5,18 @@ check of exercise 3 names the wrapper's prefix and a wrong run."""
 import pytest
 import torch
 
+from multigpu.allreduce_sgd import train_single_process
+from multigpu.core.data import get_dataset, tensors
 from multigpu.core.models import ConvNet
-from multigpu.core.train import cpu_state_dict
+from multigpu.core.reproducibility import set_seed
+from multigpu.core.train import TrainConfig, cpu_state_dict
 from multigpu.ddp import evaluate_distributed
 from multigpu.exercises.ddp_evaluation import (
     check_evaluation,
     check_trained_weights,
     evaluation_problem,
 )
+from multigpu.runtime.launch import in_one_launch, spawn
 from tests.exercises import wrong_ddp_evaluation as wrong
 
 
@@ -43,12 +47,13 @@ def test_the_reference_passes():
         (
             wrong.padded_sampler,
             "FAIL: samples [0, 1] were evaluated on more than "
-            "one rank, so they count twice; that is DistributedSampler's padding.",
+            "one rank, so they count twice; that is DistributedSampler's padding, "
+            "which repeats samples",
         ),
         (
             wrong.divided_by_padded_total,
-            "FAIL: you divided by 12 = world_size x "
-            "ceil(N / world_size), the padded total.",
+            "FAIL: you divided by 12, the padded total (every rank counted as if it "
+            "held as many samples as the longest shard), but only 10 samples exist",
         ),
         (
             wrong.no_all_reduce,
@@ -57,12 +62,20 @@ def test_the_reference_passes():
         ),
         (wrong.drops_the_remainder, "FAIL: samples [8, 9] were evaluated on no rank"),
         (wrong.returns_a_dict, "FAIL: returns_a_dict must return two numbers"),
+        (
+            wrong.all_reduce_on_rank_0_only,
+            "FAIL: rank 0 waited in a collective that not every rank called while "
+            "ranks 1, 2, 3 had returned: a deadlock.",
+        ),
+        (wrong.raises, "FAIL: on rank 0, raises raised IndexError: "),
     ],
 )
 def test_each_mistake_is_named(evaluation, expected):
     passed, message = check_evaluation(evaluation)
     assert not passed
     assert message.startswith(expected), message
+    # the mistake is named, the fix not dictated (no shard formula, no divisor)
+    assert "arange" not in message and "ceil(" not in message, message
 
 
 def test_a_function_defined_in_the_notebook_is_refused_before_any_launch():
@@ -72,6 +85,58 @@ def test_a_function_defined_in_the_notebook_is_refused_before_any_launch():
     evaluation.__module__ = "__main__"
     with pytest.raises(TypeError, match="defined in the notebook"):
         check_evaluation(evaluation)
+
+
+@pytest.fixture(scope="module")
+def script_weights():
+    """Rank 0's weights after exercise 3's script on 2 ranks, right and with each
+    common mistake, and one process's reference."""
+    calls = [(wrong.ddp_script_rank, (m,)) for m in wrong.SCRIPT_MISTAKES]
+    runs = spawn(in_one_launch, 2, calls)[0]
+    set_seed(0)
+    X, y = tensors(get_dataset("digits", train=True))
+    config = TrainConfig(epochs=2, batch_size=64, lr=0.05, momentum=0.9, seed=0)
+    reference = train_single_process(
+        ConvNet().double(), X[:256].double(), y[:256], config
+    )
+    return dict(zip(wrong.SCRIPT_MISTAKES, runs)), reference.parameters
+
+
+@pytest.mark.parametrize(
+    "mistake, expected",
+    [
+        ("none", "PASS: your script on 2 ranks ends at the weights of one process"),
+        (
+            "no set_epoch",
+            "FAIL: your weights are those of a run in which every epoch repeats the "
+            "first epoch's order",
+        ),
+        (
+            "per-rank batch",
+            "FAIL: your weights are those of a run with a global batch of 128: each "
+            "rank's loader took 64 samples",
+        ),
+        (
+            "no sampler",
+            "FAIL: your weights are those of a run in which every rank loaded the "
+            "same batches: without a DistributedSampler",
+        ),
+    ],
+)
+def test_each_script_mistake_gets_its_own_message(script_weights, mistake, expected):
+    weights, reference = script_weights
+    passed, message = check_trained_weights(weights[mistake], reference)
+    assert passed == (mistake == "none")
+    assert message.startswith(expected), message
+
+
+def test_the_script_checker_leaves_the_learners_generators_alone(script_weights):
+    weights, reference = script_weights
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_trained_weights(weights["no sampler"], reference)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_trained_weights():
@@ -84,6 +149,7 @@ def test_trained_weights():
     moved = {key: value + 1e-6 for key, value in reference.items()}
     passed, message = check_trained_weights(moved, reference)
     assert not passed and message.startswith("FAIL: your weights are 1.0e-06 away")
+    assert "and from what the common mistakes give" in message
     passed, message = check_trained_weights(
         {"w": reference["classifier.weight"]}, reference
     )

@@ -74,3 +74,56 @@ def returns_a_dict(model, X, y):
     sums = _sums(model, X, y, _exact_shard(y))
     dist.all_reduce(sums)
     return {"loss": (sums[0] / sums[2]).item()}
+
+
+def all_reduce_on_rank_0_only(model, X, y):
+    """Mistake: the all-reduce sits under ``if rank == 0``: rank 0 waits in it for
+    ranks that never call it."""
+    sums = _sums(model, X, y, _exact_shard(y))
+    if dist.get_rank() == 0:
+        dist.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def raises(model, X, y):
+    """Mistake: indexes with a float tensor, which PyTorch refuses."""
+    shard = torch.arange(dist.get_rank(), len(y), dist.get_world_size()).double()
+    return _sums(model, X, y, shard)
+
+
+# ----------------------------------------------------------------------------------
+# Exercise 3: the learner's DDP script, run as spawn's rank function, right and with
+# each common mistake; rank 0 returns the final weights.
+
+SCRIPT_MISTAKES = ("none", "no set_epoch", "per-rank batch", "no sampler")
+
+
+def ddp_script_rank(rank, world_size, mistake="none"):
+    """The body of exercise 3's script (the solution's), with ``mistake``."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from multigpu.core.data import get_dataset, tensors
+    from multigpu.core.models import ConvNet
+    from multigpu.core.reproducibility import set_seed
+
+    set_seed(0)
+    model = DistributedDataParallel(ConvNet().double())
+    X, y = tensors(get_dataset("digits", train=True))
+    dataset = TensorDataset(X[:256].double(), y[:256])
+    batch = 64 if mistake == "per-rank batch" else 64 // world_size
+    if mistake == "no sampler":
+        sampler = None
+        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+    else:
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)
+        loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for epoch in range(2):
+        if sampler is not None and mistake != "no set_epoch":
+            sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+    return {key: value.clone() for key, value in model.module.state_dict().items()}

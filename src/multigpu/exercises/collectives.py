@@ -12,13 +12,13 @@ bytes?") into the "sum" answer, so the failure can be named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from multigpu.costmodel import ring_bytes_per_rank
 from multigpu.ranks import collectives as collective_ranks
 from multigpu.runtime import launch
 
@@ -28,15 +28,15 @@ QUESTIONS = (
     "rank 0 has the sum",
     "other ranks have the sum",
     "one chunk has the sum",  # the reduce-scatter's result, before the all-gather
+    "copied",  # every chunk holds one rank's own values: replaced, never added
     "no bytes",  # returned 0 or None
     "half the bytes",  # counted one of the two loops
     "elements",  # counted elements instead of bytes
 )
 PROBE_CASES = tuple(((1000,), torch.float64) for _ in QUESTIONS)
-HOW_TO_INDEX = (
-    "at reduce-scatter step s rank r sends chunk (r - s) % n and adds the one from "
-    "the left into chunk (r - 1 - s) % n"
-)
+# gloo's words when a blocking send waits for a receive that never comes.
+_SEND_TIMED_OUT = "for send operation to complete"
+_GLOO_PATH = re.compile(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*")  # [/.../file.cc:129]
 
 
 @dataclass
@@ -52,22 +52,32 @@ class RankProbe:
     def __call__(self, tensor: torch.Tensor) -> object:
         question = QUESTIONS[self.calls]
         self.calls += 1
+        n = dist.get_world_size()
         original = tensor.clone()
+        everyone = [torch.empty_like(tensor) for _ in range(n)]
+        dist.all_gather(everyone, original)  # every rank's input, to spot copies
         expected = tensor.clone()
         dist.all_reduce(expected)
         sent = self.all_reduce(tensor)
-        n, rank = dist.get_world_size(), dist.get_rank()
-        ring = ring_bytes_per_rank(tensor.numel(), tensor.element_size(), n, rank)
+        every = collective_ranks.sent_by_every_rank(sent)
+        total = None if None in every else sum(every)
+        numel, nbytes = tensor.numel(), tensor.numel() * tensor.element_size()
         has_sum = torch.allclose(tensor, expected)
-        chunks = zip(tensor.view(-1).tensor_split(n), expected.view(-1).tensor_split(n))
+        ours = tensor.view(-1).tensor_split(n)
+        chunks = zip(ours, expected.view(-1).tensor_split(n))
+        inputs = [other.view(-1).tensor_split(n) for other in everyone]
         answers = {
             "unchanged": torch.equal(tensor, original),
-            "rank 0 has the sum": rank != 0 or has_sum,
-            "other ranks have the sum": rank == 0 or has_sum,
+            "rank 0 has the sum": dist.get_rank() != 0 or has_sum,
+            "other ranks have the sum": dist.get_rank() == 0 or has_sum,
             "one chunk has the sum": any(torch.allclose(a, b) for a, b in chunks),
+            "copied": all(
+                any(torch.equal(chunk, other[c]) for other in inputs)
+                for c, chunk in enumerate(ours)
+            ),
             "no bytes": sent in (0, None),
-            "half the bytes": sent == ring // 2,
-            "elements": sent == ring // tensor.element_size(),
+            "half the bytes": total == (n - 1) * nbytes,
+            "elements": total == 2 * (n - 1) * numel,
         }
         tensor.copy_(expected if answers[question] else expected + 1)
         return sent
@@ -103,10 +113,20 @@ def _diagnose(all_reduce: Callable, world_size: int, rows: list[dict]) -> str:
             f"FAIL: each rank holds the sum in one chunk only {on}: the all-gather "
             "is missing. Pass each finished chunk around the ring, overwriting yours."
         )
+    if wrong_sums and said["copied"]:
+        return (
+            f"FAIL: no sum {on}: every chunk ends holding one rank's own values. In "
+            "the reduce-scatter the chunk that arrives replaced your copy instead of "
+            "being added to it, so the values were passed around, never summed "
+            "(only the all-gather overwrites)."
+        )
     if wrong_sums:
         return (
-            f"FAIL: wrong sum {on} for {', '.join(wrong_sums)}: check the chunk "
-            f"indices ({HOW_TO_INDEX})."
+            f"FAIL: wrong sum {on} for {', '.join(wrong_sums)}: the chunks do not "
+            "line up. At each reduce-scatter step a rank must add into the chunk its "
+            "left neighbour is sending, and after n - 1 steps every chunk must have "
+            "passed through every rank. Try your chunk rules in one process with "
+            "simulate_ring_all_reduce."
         )
     if said["no bytes"]:
         return (
@@ -129,6 +149,29 @@ def _diagnose(all_reduce: Callable, world_size: int, rows: list[dict]) -> str:
     )
 
 
+def _launch_failure(error: launch.WorkerError, world_size: int) -> str:
+    """A FAIL naming what stopped the ranks: a deadlock of blocking sends, a
+    message that never came, or the learner's own exception."""
+    on = f"on {world_size} ranks"
+    failures = error.failures or [str(error)]
+    if all(_SEND_TIMED_OUT in failure for failure in failures):
+        return (
+            f"FAIL {on}: deadlock. Every rank sent first with a blocking send and "
+            "waited for it to be received, but its neighbour was itself waiting in "
+            "its own send, so nobody ever received. Post the send and the receive "
+            "together before waiting for either: that is what send_and_receive does."
+        )
+    if error.timed_out:
+        return (
+            f"FAIL {on}: the ranks timed out waiting for messages that never came. "
+            "A receive needs its neighbour to send at the same step: every rank "
+            "must make the same number of exchanges, each with a chunk of the size "
+            "the other side expects."
+        )
+    last = _GLOO_PATH.sub("", str(error).strip().splitlines()[-1])
+    return f"FAIL {on}: your function raised an error. {last}"
+
+
 def check_ring_all_reduce(
     all_reduce: Callable[[torch.Tensor], object],
     world_sizes: tuple[int, ...] = (2, 3, 4),
@@ -138,7 +181,8 @@ def check_ring_all_reduce(
 
     On each world size, every rank must end with the sum for every case of
     ``check_all_reduce_rank`` (many elements, fewer than ranks, 2-D, integers) and
-    return the bytes a ring sends. ``all_reduce`` lives in an importable module."""
+    the ranks must return the bytes a ring sends, whichever chunk each rank
+    finishes (``is_ring_traffic``). ``all_reduce`` lives in an importable module."""
     for world_size in world_sizes:
         try:
             rows = launch.spawn(
@@ -148,12 +192,7 @@ def check_ring_all_reduce(
                 timeout=10,
             )[0]
         except launch.WorkerError as error:
-            last = str(error).strip().splitlines()[-1]
-            return False, (
-                f"FAIL on {world_size} ranks: {last}. Every rank must call "
-                "send_and_receive the same number of times, with chunks of matching "
-                "sizes (receive into buffer[: ours.numel()])."
-            )
+            return False, _launch_failure(error, world_size)
         if not all(row["sum"] and row["ring bytes"] for row in rows):
             return False, _diagnose(all_reduce, world_size, rows)
     sizes = ", ".join(str(n) for n in world_sizes)

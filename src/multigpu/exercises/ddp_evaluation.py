@@ -1,18 +1,31 @@
 """The checkers of notebook 09's exercises: exact distributed evaluation (every
 sample once, sums all-reduced, divided by the true N) and the learner's DDP
-script's final weights (09)."""
+script's final weights, compared with one process and with the weights each common
+mistake of such a script gives (09)."""
 
 from __future__ import annotations
 
+import functools
 import math
+import random
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
+from torch.nn.functional import cross_entropy
+from torch.utils.data import DataLoader, TensorDataset
 
 from multigpu.core.compare import max_parameter_difference
+from multigpu.core.data import get_dataset, tensors
+from multigpu.core.models import ConvNet
+from multigpu.core.reproducibility import set_seed
+from multigpu.core.train import cpu_state_dict
+from multigpu.ddp import sampler_shards
 from multigpu.ranks.ddp_pitfalls import SampleLookupNet, counted_evaluation_rank
-from multigpu.runtime.launch import spawn
+from multigpu.runtime.launch import WorkerError, spawn
 
 NUM_SAMPLES = 10  # on 4 ranks: shards of 3, 3, 2, 2; the padded sampler repeats 0, 1
 WORLD_SIZE = 4
@@ -68,9 +81,12 @@ def check_evaluation(evaluation: Callable[..., Any]) -> tuple[bool, str]:
             "Write it in a %%module cell and import it from there."
         )
     model, X, y = evaluation_problem()
-    runs = spawn(
-        counted_evaluation_rank, WORLD_SIZE, evaluation, model, X, y, timeout=60.0
-    )
+    try:
+        runs = spawn(
+            counted_evaluation_rank, WORLD_SIZE, evaluation, model, X, y, timeout=10.0
+        )
+    except WorkerError as error:
+        return False, _launch_mistake(name, error)
     problem = _sample_mistake([run["seen"] for run in runs])
     if problem:
         return False, problem
@@ -89,25 +105,44 @@ def _sample_mistake(seen: list[list[int]]) -> str | None:
     if all(shown == everything for shown in seen):
         return (
             f"FAIL: every rank evaluated all {NUM_SAMPLES} samples, so the work was "
-            "not shared. Give rank r only the samples r, r + world_size, ... "
-            "(torch.arange(rank, len(y), world_size)), then add up the sums."
+            "not shared: each rank must evaluate only its own shard, and the shards "
+            "together must hold every sample once (the sampler's stride, without "
+            "its padding). Then add up the ranks' sums."
         )
     counts = [sum(index in shown for shown in seen) for index in everything]
     twice = [index for index, count in enumerate(counts) if count > 1]
     if twice:
         return (
             f"FAIL: samples {twice} were evaluated on more than one rank, so they "
-            "count twice; that is DistributedSampler's padding. Shard by index "
-            "without padding: torch.arange(rank, len(y), world_size)."
+            "count twice; that is DistributedSampler's padding, which repeats "
+            "samples to give every rank as many. Every sample must belong to "
+            "exactly one rank, even if the shards then differ in length."
         )
     never = [index for index, count in enumerate(counts) if count == 0]
     if never:
         return (
             f"FAIL: samples {never} were evaluated on no rank (dropped, as "
-            "drop_last=True does). Shard by index so that every sample belongs to "
-            "one rank: torch.arange(rank, len(y), world_size)."
+            "drop_last=True does), so the result leaves them out. Every sample must "
+            "belong to exactly one rank, the last N mod world_size too."
         )
     return None
+
+
+def _launch_mistake(name: str, error: WorkerError) -> str:
+    """The FAIL for a launch that stopped: a collective only some ranks called, or
+    the learner's exception."""
+    stuck = "collective mismatch" in str(error) or error.timed_out
+    if stuck:
+        returned = ", ".join(str(rank) for rank in error.returned_ranks)
+        who = f" while ranks {returned} had returned" if returned else ""
+        return (
+            f"FAIL: rank {error.rank} waited in a collective that not every rank "
+            f"called{who}: a deadlock. An all-reduce that only some ranks reach (under "
+            "an if on the rank, say) waits for the others forever. Every rank must "
+            "make the same collective calls; only printing may depend on the rank."
+        )
+    raised = re.sub(r"^Rank \d+ of \d+ failed with ", "", str(error).strip())
+    return f"FAIL: on rank {error.rank}, {name} raised {raised.splitlines()[0]}"
 
 
 def _number_mistake(
@@ -126,8 +161,9 @@ def _number_mistake(
         )
         return False, (
             f"FAIL: the ranks returned different numbers{which}: each reported its "
-            "own shard only. All-reduce the sums of loss, correct predictions and "
-            "samples (dist.all_reduce, op SUM) before dividing."
+            "own shard only. The sums of loss, correct predictions and samples "
+            "must be added up over the ranks (a collective) before dividing, so "
+            "that every rank returns the numbers of all the samples."
         )
     if _close(results[0], truth):
         return True, (
@@ -146,23 +182,142 @@ def _number_mistake(
         )
     if _close(results[0], (loss / padded_total, correct / padded_total)):
         return False, (
-            f"FAIL: you divided by {padded_total} = world_size x ceil(N / "
-            "world_size), the padded total. Divide the summed loss and correct "
-            f"predictions by the number of samples, N = {NUM_SAMPLES}."
+            f"FAIL: you divided by {padded_total}, the padded total (every rank "
+            "counted as if it held as many samples as the longest shard), but only "
+            f"{NUM_SAMPLES} samples exist: the sums were divided by samples that "
+            "were never evaluated."
         )
     return False, (
         f"FAIL: every sample was counted once, but the ranks returned loss "
         f"{results[0][0]:.4f}, accuracy {results[0][1]:.4f}; one process gets "
-        f"{truth[0]:.4f}, {truth[1]:.4f}. Return (summed loss / N, correct / N), "
-        "with sums all-reduced over the ranks."
+        f"{truth[0]:.4f}, {truth[1]:.4f}: the mean loss and the accuracy of all "
+        "the samples, each a sum over every rank divided by the number of samples."
     )
 
 
+# Exercise 3's run: set_seed(0), a float64 ConvNet, the first 256 training digits,
+# 2 epochs of global batches of 64, lr 0.05, momentum 0.9, on 2 ranks.
+SCRIPT_SAMPLES, SCRIPT_EPOCHS, GLOBAL_BATCH, LR, MOMENTUM = 256, 2, 64, 0.05, 0.9
+_SAME = 1e-9  # weights this close came from the same run (rounding aside)
+
+
+def _script_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Exercise 3's model (seeded as the script seeds it) and data; this reseeds
+    every generator, so :func:`check_trained_weights` restores them after (09)."""
+    set_seed(0)
+    model = ConvNet().double()
+    X, y = tensors(get_dataset("digits", train=True))
+    return model, X[:SCRIPT_SAMPLES].double(), y[:SCRIPT_SAMPLES]
+
+
+def _train_like_ddp(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    epoch_batches: Callable[[int], list[list[torch.Tensor]]],
+) -> dict[str, torch.Tensor]:
+    """The weights DDP reaches when, in epoch e, step k gives rank r the indices
+    ``epoch_batches(e)[k][r]``: one process, each step on the mean of the ranks'
+    mean losses (DDP averages their gradients) (09)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for epoch in range(SCRIPT_EPOCHS):
+        for per_rank in epoch_batches(epoch):
+            optimizer.zero_grad()
+            losses = [cross_entropy(model(X[i]), y[i]) for i in per_rank]
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+    return cpu_state_dict(model)
+
+
+def _sampler_batches(
+    world_size: int, per_rank_batch: int, set_epoch: bool
+) -> Callable[[int], list[list[torch.Tensor]]]:
+    """Each rank's batches from a DistributedSampler(drop_last=True) and a loader
+    with ``drop_last=True``; without ``set_epoch`` every epoch is epoch 0's order."""
+
+    def batches(epoch: int) -> list[list[torch.Tensor]]:
+        shards = [
+            torch.tensor(shard).split(per_rank_batch)
+            for shard in sampler_shards(
+                SCRIPT_SAMPLES,
+                world_size,
+                shuffle=True,
+                epoch=epoch if set_epoch else 0,
+                drop_last=True,
+            )
+        ]
+        steps = min(sum(len(b) == per_rank_batch for b in s) for s in shards)
+        return [[shard[k] for shard in shards] for k in range(steps)]
+
+    return batches
+
+
+@functools.cache
+def _mistakes(world_size: int) -> list[tuple[str, dict[str, torch.Tensor]]]:
+    """(mistake, the weights exercise 3's script ends at with it), for each common
+    mistake; "no sampler" twice, with the loader shuffling or not (09)."""
+    per_rank = GLOBAL_BATCH // world_size
+    runs = [
+        ("no set_epoch", _sampler_batches(world_size, per_rank, set_epoch=False)),
+        ("per-rank batch", _sampler_batches(world_size, GLOBAL_BATCH, set_epoch=True)),
+    ]
+    found = []
+    for mistake, batches in runs:
+        model, X, y = _script_problem()
+        found.append((mistake, _train_like_ddp(model, X, y, batches)))
+    for shuffle in (False, True):  # no sampler: every rank loads the same batches
+        model, X, y = _script_problem()  # the loader draws its order from here on
+        loader = DataLoader(
+            TensorDataset(torch.arange(SCRIPT_SAMPLES)),
+            batch_size=per_rank,
+            shuffle=shuffle,
+            drop_last=True,
+        )
+
+        def same_on_every_rank(epoch: int, loader=loader) -> list[list[torch.Tensor]]:
+            return [[indices] * world_size for (indices,) in loader]
+
+        found.append(("no sampler", _train_like_ddp(model, X, y, same_on_every_rank)))
+    return found
+
+
+MISTAKES = {
+    "no set_epoch": (
+        "FAIL: your weights are those of a run in which every epoch repeats the "
+        "first epoch's order: the sampler shuffles with its seed plus the epoch, and "
+        "it was never told the epoch, so it stayed 0. The sampler needs the epoch at "
+        "the start of each one (set_epoch)."
+    ),
+    "per-rank batch": (
+        "FAIL: your weights are those of a run with a global batch of {doubled}: "
+        "each rank's loader took {batch} samples, the whole global batch, so every "
+        "step averaged {doubled} samples and an epoch had {world_size} times fewer "
+        "steps. The "
+        "loader's batch size is per rank: the ranks share the global batch."
+    ),
+    "no sampler": (
+        "FAIL: your weights are those of a run in which every rank loaded the same "
+        "batches: without a DistributedSampler each rank's loader goes through the "
+        "whole dataset, so the ranks average identical gradients, and an epoch "
+        "takes {world_size} times as many steps. Each rank needs its own share of "
+        "every epoch."
+    ),
+}
+
+
 def check_trained_weights(
-    weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+    weights: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    world_size: int = 2,
 ) -> tuple[bool, str]:
     """Do the weights a learner's DDP script saved equal one process's on the
-    global batch (float64, to 1e-12)? (passed, what to fix) (09, exercise 3)."""
+    global batch (float64, to 1e-12)? (passed, message naming the mistake) (09,
+    exercise 3).
+
+    ``reference`` is one process's weights on exercise 3's run; when ``weights``
+    differ, they are compared with the weights of that run on ``world_size`` ranks
+    with each common mistake: no ``set_epoch``, a per-rank batch of the global
+    batch's size, no ``DistributedSampler``."""
     if any(key.startswith("module.") for key in weights):
         return False, (
             "FAIL: the saved keys start with 'module.': you saved the DDP wrapper's "
@@ -174,14 +329,29 @@ def check_trained_weights(
             f"{sorted(reference)}. Save model.module.state_dict() on rank 0."
         )
     difference = max_parameter_difference(weights, reference)
-    if difference > 1e-12:
-        return False, (
-            f"FAIL: your weights are {difference:.1e} away from one process on the "
-            "global batch. Check the sampler (DistributedSampler(drop_last=True), "
-            "set_epoch every epoch), the batch of 64 // world_size, lr 0.05, "
-            "momentum 0.9, set_seed(0) before building the model, and float64."
+    if difference <= 1e-12:
+        return True, (
+            f"PASS: your script on {world_size} ranks ends at the weights of one "
+            "process on the global batch (max difference below 1e-12)."
         )
-    return True, (
-        "PASS: your script on 2 ranks ends at the weights of one process on the "
-        "global batch (max difference below 1e-12)."
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        mistakes = _mistakes(world_size)
+    finally:  # the learner's generators go on as if nothing had run
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+    for mistake, theirs in mistakes:
+        if max_parameter_difference(weights, theirs) < _SAME:
+            return False, MISTAKES[mistake].format(
+                batch=GLOBAL_BATCH,
+                doubled=GLOBAL_BATCH * world_size,
+                world_size=world_size,
+            )
+    return False, (
+        f"FAIL: your weights are {difference:.1e} away from one process on the "
+        "global batch, and from what the common mistakes give (a sampler never "
+        "told the epoch, a per-rank batch as large as the global one, no sampler). "
+        "Compare your script with section 1's loop: the data, the seed before the "
+        "model, float64, the learning rate and the momentum."
     )

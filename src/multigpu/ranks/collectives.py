@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.collectives import ALL_REDUCES, naive_all_reduce, ring_all_reduce
-from multigpu.costmodel import bus_bandwidth, ring_bytes_per_rank
+from multigpu.costmodel import bus_bandwidth
 
 # ----------------------------------------------------------------------------------
 # Ranks and processes: what launch.spawn does when all goes well, and when not
@@ -143,6 +143,33 @@ CHECK_CASES = (
 )
 
 
+def sent_by_every_rank(sent: object) -> list[int | None]:
+    """What every rank's all-reduce returned as its bytes sent, in rank order (a
+    collective: every rank calls it); None where a rank returned no int (07)."""
+    counted = isinstance(sent, int) and not isinstance(sent, bool) and sent >= 0
+    mine = torch.tensor([sent if counted else -1], device=_device())
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [None if value.item() < 0 else int(value.item()) for value in every]
+
+
+def is_ring_traffic(sent: Sequence[int | None], numel: int, element_size: int) -> bool:
+    """Do the bytes each rank sent (``sent``, in rank order) fit a ring all-reduce of
+    ``numel`` elements, whatever chunk each rank finishes (07)?
+
+    In any ring every chunk travels n-1 hops in the reduce-scatter and n-1 in the
+    all-gather, so the ranks together send 2(n-1)·S; each rank skips two chunks and
+    sends less than 2·S (naive's rank 0 sends (n-1)·S). Which chunks a rank skips
+    depends on the ring's schedule, so the per-rank counts are not fixed."""
+    world_size, nbytes = len(sent), numel * element_size
+    if any(value is None for value in sent):
+        return False
+    if world_size == 1:
+        return sent == [0]
+    total = 2 * (world_size - 1) * nbytes
+    return sum(sent) == total and all(value < 2 * nbytes for value in sent)
+
+
 def check_all_reduce_rank(
     rank: int,
     world_size: int,
@@ -154,9 +181,9 @@ def check_all_reduce_rank(
 
     For each (shape, dtype), every rank runs ``all_reduce`` on its ``rank_tensor``
     (in place, like ``dist.all_reduce``) and the row says whether every rank then
-    holds the sum (floats to rounding, integers exactly) and whether every rank
-    returned the bytes a ring sends (``costmodel.ring_bytes_per_rank``). Every rank
-    returns the same rows."""
+    holds the sum (floats to rounding, integers exactly) and whether the bytes the
+    ranks returned are a ring's (:func:`is_ring_traffic`). Every rank returns the
+    same rows."""
     rows = []
     for shape, dtype in cases:
         tensor = rank_tensor(rank, shape, dtype).to(_device())
@@ -168,17 +195,15 @@ def check_all_reduce_rank(
             same = torch.allclose(tensor, expected)
         elif same:
             same = torch.equal(tensor, expected)
-        ring = ring_bytes_per_rank(
-            tensor.numel(), tensor.element_size(), world_size, rank
-        )
-        ring_bytes = isinstance(sent, int) and sent == ring
-        verdict = torch.tensor([int(same), int(ring_bytes)], device=_device())
+        every = sent_by_every_rank(sent)
+        ring_bytes = is_ring_traffic(every, tensor.numel(), tensor.element_size())
+        verdict = torch.tensor([int(same)], device=_device())
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # 1 only if 1 on every rank
         rows.append(
             {
                 "case": f"{tuple(shape)} {str(dtype).removeprefix('torch.')}",
                 "sum": bool(verdict[0]),
-                "ring bytes": bool(verdict[1]),
+                "ring bytes": ring_bytes,
             }
         )
     return rows

@@ -1,5 +1,6 @@
 """What the ranks run in notebooks 09 and 09b: DDP training, its comparison with 08,
-evaluation, uneven inputs, SyncBatchNorm on CPU, accumulation's syncs (09, 09b)."""
+evaluation, uneven inputs, SyncBatchNorm on CPU and its exchanges, a non-finite
+loss, accumulation's syncs (09, 09b)."""
 
 from __future__ import annotations
 
@@ -164,6 +165,120 @@ def sync_batchnorm_on_cpu_rank(rank: int, world_size: int) -> None:
     PyTorch's own error (09b)."""
     layer = nn.SyncBatchNorm(4)
     layer(torch.randn(8, 4, 2, 2))
+
+
+SYNCBN_SETTINGS = {  # label: (PyTorch's own layer?, features frozen?, eval mode?)
+    "reference, whole model trains": (False, False, False),
+    "reference, frozen, train mode": (False, True, False),
+    "reference, frozen, eval mode": (False, True, True),
+    "nn.SyncBatchNorm, frozen, eval mode": (True, True, True),
+}
+
+
+def syncbn_exchanges_rank(
+    rank: int, world_size: int, model: nn.Module, X: torch.Tensor, y: torch.Tensor
+) -> dict[str, list[int]]:
+    """One DDP training step of ``model`` with synchronized BatchNorm in each of
+    :data:`SYNCBN_SETTINGS`, counting the collectives its layers run in forward
+    and in backward (``dist.all_reduce`` and ``dist.all_gather`` are watched;
+    DDP's reducer calls the process group directly and is not counted) and DDP's
+    bucket all-reduces (a communication hook): ``[forward, backward, buckets]``
+    per setting. Frozen: only the classifier trains. PyTorch's own layer runs
+    without DDP, which refuses SyncBatchNorm on CPU (0 buckets) (09b)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+        allreduce_hook,
+    )
+
+    from multigpu.syncbn import convert_sync_batchnorm
+
+    watched = ("all_reduce", "all_gather", "all_gather_into_tensor")
+    real = {name: getattr(dist, name) for name in watched}
+    counts = [0, 0, 0, 0]  # forward, backward, DDP's buckets, DDP's own calls
+    phase = [0]
+
+    def counted(name: str) -> Any:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            counts[phase[0]] += 1
+            return real[name](*args, **kwargs)
+
+        return collective
+
+    def counting_hook(state, bucket):  # no annotations: DDP checks them
+        counts[2] += 1
+        during, phase[0] = phase[0], 3  # the hook's own all-reduce: not SyncBN's
+        try:
+            return allreduce_hook(state, bucket)
+        finally:
+            phase[0] = during
+
+    results = {}
+    for setting, (pytorch, frozen, eval_mode) in SYNCBN_SETTINGS.items():
+        convert = (
+            nn.SyncBatchNorm.convert_sync_batchnorm
+            if pytorch
+            else convert_sync_batchnorm
+        )
+        net = convert(copy.deepcopy(model))
+        if frozen:
+            net.features.requires_grad_(False)  # only the classifier trains
+        if eval_mode:
+            net.features.eval()  # BatchNorm uses its running statistics
+        if pytorch:  # DDP refuses it on CPU: "SyncBatchNorm layers only work with
+            ddp_model = net  # GPU modules"; the layers run in the group alone
+        else:
+            ddp_model = wrap(net)
+            ddp_model.register_comm_hook(None, counting_hook)
+        counts[:] = [0, 0, 0, 0]
+        for name in watched:
+            setattr(dist, name, counted(name))
+        try:
+            phase[0] = 0
+            loss = nn.functional.cross_entropy(ddp_model(X), y)
+            phase[0] = 1
+            loss.backward()
+        finally:
+            for name in watched:
+                setattr(dist, name, real[name])
+        results[setting] = counts[:3]
+    return results
+
+
+def nonfinite_loss_rank(
+    rank: int,
+    world_size: int,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    bad_step: int,
+    check: bool,
+) -> dict[str, Any]:
+    """DDP training on batches of 8 samples per rank in which rank 1's input at step
+    ``bad_step`` (counted from 1) holds an infinity, so its loss is NaN. With
+    ``check``, every rank all-reduces a flag (1 if its loss is not finite) before
+    backward and all stop together at the same step; without it the NaN reaches
+    every rank through the gradient all-reduce. Returns the step at which this rank
+    stopped, before its update (None: it trained every step), whether its own loss
+    was finite there, and whether its weights are finite at the end (09b)."""
+    ddp_model = wrap(copy.deepcopy(model))
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.05)
+    mine_X, mine_y = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    stopped, own_finite = None, True
+    for step, (xb, yb) in enumerate(zip(mine_X.split(8), mine_y.split(8)), start=1):
+        if rank == 1 and step == bad_step:
+            xb = xb.clone()
+            xb[0, 0, 0, 0] = float("inf")  # one corrupt value in one sample
+        loss = nn.functional.cross_entropy(ddp_model(xb), yb)
+        if check:
+            not_finite = torch.tensor([float(not torch.isfinite(loss))])
+            dist.all_reduce(not_finite)  # how many ranks have a non-finite loss
+            if not_finite.item() > 0:  # every rank sees the same sum: all stop
+                stopped, own_finite = step, bool(torch.isfinite(loss))
+                break
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    finite = all(bool(torch.isfinite(p).all()) for p in ddp_model.parameters())
+    return {"stopped at": stopped, "own loss finite": own_finite, "finite": finite}
 
 
 def accumulation_syncs_rank(

@@ -1,18 +1,27 @@
 """What notebook 09's pitfalls and its evaluation exercise run: a model that notes
-which samples it saw, the rank that runs a learner's evaluation with it, and the
-deprecated ``torch.distributed.launch`` run as a subprocess (09)."""
+which samples it saw, the rank that runs a learner's evaluation with it, the
+deprecated ``torch.distributed.launch`` run as a subprocess, a rank started by
+``torch.multiprocessing.spawn`` that joins its group through ``init_method``, and
+ranks that meet in DDP's constructor (09)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 class SampleLookupNet(nn.Module):
@@ -76,3 +85,66 @@ def run_deprecated_launch(
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` ports the operating system has just found free on 127.0.0.1. Another
+    program may take one before it is used: ``launch.spawn`` avoids that race by
+    letting its store bind port 0 itself (09)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def init_methods_rank(
+    rank: int, world_size: int, env_port: int, tcp_port: int, folder: str
+) -> None:
+    """What ``torch.multiprocessing.spawn`` runs in each new process: join a gloo
+    group through ``init_method="env://"`` (``MASTER_ADDR`` and ``MASTER_PORT`` set
+    here, as torchrun would set them), all-reduce ``rank + 1``, leave; then the same
+    through ``"tcp://127.0.0.1:PORT"``. mp.spawn throws a worker's return value
+    away, so the sums go to ``folder/rank{rank}.json`` (09)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(env_port))
+    sums = {}
+    methods = {"env://": "env://", "tcp://": f"tcp://127.0.0.1:{tcp_port}"}
+    for name, init_method in methods.items():
+        dist.init_process_group(
+            "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
+        value = torch.tensor([rank + 1.0])
+        dist.all_reduce(value)  # every rank: 1 + 2 + ... + world_size
+        sums[name] = value.item()
+        dist.destroy_process_group()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(sums))
+
+
+def read_rank_files(folder: str, world_size: int) -> list[dict[str, float]]:
+    """What :func:`init_methods_rank` wrote, by rank (09)."""
+    return [
+        json.loads(Path(folder, f"rank{rank}.json").read_text())
+        for rank in range(world_size)
+    ]
+
+
+def ddp_construction_waits_rank(
+    rank: int, world_size: int, late_rank: int, delay_s: float
+) -> float:
+    """Rank ``late_rank`` sleeps ``delay_s`` before wrapping its model in
+    DistributedDataParallel; every rank returns the seconds it spent in DDP's
+    constructor, whose collectives (a check of the parameters' shapes, then the
+    broadcast of rank 0's parameters and buffers) wait for every rank (09)."""
+    model = nn.Linear(4, 2)
+    if rank == late_rank:
+        time.sleep(delay_s)
+    start = time.perf_counter()
+    DistributedDataParallel(model)
+    return time.perf_counter() - start

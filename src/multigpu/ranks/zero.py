@@ -2,14 +2,16 @@
 
 Each stage of :mod:`multigpu.zero` on a rank (:func:`stages_rank`), PyTorch's DDP
 with Adam (:func:`ddp_rank`), FSDP2 training and loading (:func:`fsdp2_rank`,
-:func:`fsdp2_runs_rank`, :func:`fsdp2_load_rank`), and 07's reduce-scatter and
-all-gather checked against PyTorch's (:func:`collectives_rank`).
+:func:`fsdp2_runs_rank`, :func:`fsdp2_load_rank`), 07's reduce-scatter and
+all-gather checked against PyTorch's (:func:`collectives_rank`), and the ranks of
+the exercises' checkers (:func:`zero2_exercise_rank`, :func:`fsdp2_exercise_rank`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from multigpu.core.checks import check_choice, check_positive_int
 from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
+from multigpu.miniddp import broadcast_from_rank0
 from multigpu.runtime.launch import spawn
 from multigpu.zero import (
     Batch,
@@ -30,6 +33,7 @@ from multigpu.zero import (
     ShardedStep,
     check_checkpoint_dir,
     describe_shards,
+    flatten_parameters,
     full_parameters,
     fully_shard_model,
     measure_ledger,
@@ -293,3 +297,64 @@ def fsdp2_exercise_rank(
             },
         }
     return report
+
+
+_COUNTED = ("all_reduce", "reduce_scatter_single", "reduce_scatter_tensor")
+_COUNTED += ("reduce_scatter", "all_gather_single", "all_gather_into_tensor")
+
+
+def chunk_range(numel: int, world_size: int, rank: int) -> range:
+    """The elements of a flat buffer of ``numel`` that ``rank`` owns when it is cut
+    as ``torch.chunk`` cuts (FSDP1's flat parameter): chunks of ceil(numel / n),
+    the last ones shorter or empty (13)."""
+    size = math.ceil(numel / world_size)
+    return range(min(rank * size, numel), min((rank + 1) * size, numel))
+
+
+def zero2_exercise_rank(
+    rank: int,
+    world_size: int,
+    step: Callable[..., Any],
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+) -> dict[str, Any]:
+    """Rank function of 13's ZeRO-2 checker: the learner's ``step(model, flat,
+    shard, optimizer, X, y)`` on notebook 08's batches, Adam on ``shard``, this
+    rank's :func:`chunk_range` of the flat buffer (a view). Returns the full
+    weights, the ``torch.distributed`` collectives the step called (by name) and
+    the most gradient bytes ``shard.grad`` held after a step (13)."""
+    calls = dict.fromkeys(_COUNTED, 0)
+
+    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    model = copy.deepcopy(model)
+    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    flat = flatten_parameters(model)  # (P,): every parameter a view of it
+    owned = chunk_range(flat.numel(), world_size, rank)
+    shard = nn.Parameter(flat[owned.start : owned.stop])  # a view: my chunk
+    optimizer = torch.optim.Adam([shard], lr=config.lr)
+    originals = {name: getattr(dist, name) for name in _COUNTED}
+    kept = 0
+    try:
+        for name, function in originals.items():
+            setattr(dist, name, counted(name, function))
+        for indices in run_batches(len(X), config, world_size, rank)[0]:
+            step(model, flat, shard, optimizer, X[indices], y[indices])
+            if shard.grad is not None:
+                kept = max(kept, shard.grad.untyped_storage().nbytes())
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+    return {
+        "parameters": cpu_state_dict(model),
+        "calls": {name: n for name, n in calls.items() if n},
+        "gradient bytes": kept,
+        "chunk bytes": math.ceil(flat.numel() / world_size) * flat.element_size(),
+    }

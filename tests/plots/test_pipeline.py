@@ -13,6 +13,8 @@ def test_plot_schedules_draws_every_block_and_the_idle_rows():
     }
     figure = plot_schedules(panels, 4)
     assert len(figure.axes) == 2
+    top, bottom = figure.axes
+    assert top.get_shared_x_axes().joined(top, bottom)  # one time axis
     for axis in figure.axes:
         bars = axis.patches
         assert len(bars) == 4 + 4 * 4 * 2  # an idle row per rank, then the blocks

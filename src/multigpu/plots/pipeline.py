@@ -48,17 +48,20 @@ def plot_schedules(
     num_stages: int,
     unit: str = "time slots",
 ) -> Figure:
-    """One chart per schedule, stacked: a row per rank, a box per forward (blue)
-    or backward (orange) with its micro-batch's number; grey is idle time."""
+    """One chart per schedule, stacked on one time axis (a shorter step ends
+    earlier): a row per rank, a box per forward (blue) or backward (orange) with
+    its micro-batch's number; grey is idle time."""
     figure, axes = plt.subplots(
         len(panels),
         1,
         figsize=(9, 1.0 + 0.45 * num_stages * len(panels)),
         squeeze=False,
+        sharex=True,
     )
     for axis, (title, blocks) in zip(axes[:, 0], panels.items(), strict=True):
         _draw_schedule(axis, blocks, num_stages, unit)
         axis.set_title(title, fontsize=10)
+        axis.tick_params(labelbottom=True)  # every chart keeps its time labels
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in OP_COLOURS.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, color=IDLE_COLOUR))
     axes[0, 0].legend(  # above the first chart, clear of the bars

@@ -62,7 +62,16 @@ def check_combine(combine: Callable) -> tuple[bool, str]:
         var, mean = torch.var_mean(whole, dim=0, correction=0)
         n = len(whole)
         counts, means, m2s = per_rank_statistics(shards)
-        got_mean, got_var = (t.double() for t in combine(counts, means, m2s))
+        try:
+            got_mean, got_var = (
+                torch.as_tensor(t).double() for t in combine(counts, means, m2s)
+            )
+        except Exception as error:  # the learner's code: a FAIL, never a traceback
+            return False, (
+                f"FAIL: combine raised {type(error).__name__}: {error}. It gets "
+                "counts (ranks,), means and m2s (ranks, channels) and returns "
+                "(mean, var), each (channels,)."
+            )
         nan = _nan_mistake(got_mean, got_var)
         if nan:
             return False, nan

@@ -28,7 +28,7 @@ def placements_rank(rank: int, world_size: int, numel: int) -> dict[str, Any]:
     """Rank function: ``torch.arange(numel)`` on a 1-D CPU mesh of all the ranks,
     sharded by rows and replicated; what this rank's ``to_local()`` holds for each,
     and for ``redistribute`` from Shard(0) to Replicate() and back, with the
-    collectives each ran (13)."""
+    collectives each ran, and ``full_tensor()`` of the sharded one (13)."""
     mesh = init_device_mesh("cpu", (world_size,))
     tensor = torch.arange(float(numel))  # (numel,)
     sharded = distribute_tensor(tensor, mesh, [Shard(0)])
@@ -49,6 +49,7 @@ def placements_rank(rank: int, world_size: int, numel: int) -> dict[str, Any]:
             "Replicate()": replicated.to_local().tolist(),
             "S(0) -> R": gathered.to_local().tolist(),
             "R -> S(0)": cut.to_local().tolist(),
+            "full_tensor()": sharded.full_tensor().tolist(),  # the whole tensor
         },
         "collectives": {
             "S(0) -> R": _collectives(to_replicate),

@@ -90,3 +90,31 @@ def test_memory_per_rank_adds_the_units_in_flight():
     ledger = fsdp2_memory_per_rank(1000, 100, 4, True, units_in_flight=2)
     assert ledger["parameters"] == 1000.0 and ledger["optimizer"] == 2000.0
     assert ledger["in flight"] == 2 * 100 * 2 + 100 * (2 + 4)
+
+
+def test_accumulation_keeps_the_whole_models_gradients_on_every_rank():
+    accumulating = fsdp2_bytes_per_parameter(8, accumulating=True)
+    assert accumulating["unsharded gradients"] == 4.0  # fp32, not divided by 8
+    assert sum(accumulating.values()) == 2.0 + 4.0
+    assert "unsharded gradients" not in fsdp2_bytes_per_parameter(1, accumulating=True)
+
+
+def test_ddp_buckets_copy_the_gradients_unless_they_are_views():
+    assert (
+        sum(fsdp2_bytes_per_parameter(1, gradient_as_bucket_view=False).values())
+        == 22.0
+    )
+    assert "DDP buckets" not in fsdp2_bytes_per_parameter(
+        8, gradient_as_bucket_view=False
+    )
+
+
+def test_explicit_true_reshards_the_root_too():
+    default = fsdp2_collectives_per_step(35, True, root_keeps_parameters=True)
+    explicit = fsdp2_collectives_per_step(35, True)
+    assert (default["all-gather"], explicit["all-gather"]) == (69, 70)
+
+
+def test_parameters_kept_between_micro_batches_skip_their_forward_all_gathers():
+    kept = fsdp2_collectives_per_step(3, micro_batches=2, reshard_after_backward=False)
+    assert kept["all-gather"] == 2 * (3 + 3) - 3

@@ -14,8 +14,11 @@ Per parameter, for a large model (:func:`fsdp2_bytes_per_parameter`,
 :func:`fsdp2_memory_per_rank`): fp32 master shard 4/N, fp32 gradient shard 4/N,
 Adam's two fp32 moments 8/N, where N is the shard dimension of the mesh (HSDP
 replicates over the other), plus the compute-dtype parameters held whole between
-forward and backward. :data:`LLAMA3_8B` is the model of the "which setting when"
-table; activations are left to the caller.
+forward and backward; while gradients accumulate without a reduce-scatter, the
+whole model's unsharded gradients in ``reduce_dtype`` (fp32: 4 bytes); without
+sharding, DDP's buckets, a second fp32 copy of the gradients unless
+``gradient_as_bucket_view=True``. :data:`LLAMA3_8B` is the model of the "which
+setting when" table; activations are left to the caller.
 """
 
 from __future__ import annotations
@@ -106,20 +109,24 @@ def fsdp2_collectives_per_step(
     replicas: int = 1,
     units_with_gradients: int | None = None,
     root_keeps_parameters: bool = False,
+    reshard_after_backward: bool = True,
 ) -> dict[str, int]:
     """Collectives FSDP2 issues in one optimizer step (14b): an all-gather per unit
     (of the ``units`` that run in forward) per micro-batch's forward, another in
     its backward unless the unit kept its parameters (``reshard_after_forward``
-    False; the root by default, ``root_keeps_parameters``), then, once per step
-    (gradients synced on the last micro-batch only), a reduce-scatter per unit
-    with gradients and, under HSDP (``replicas`` > 1), an all-reduce after each."""
+    False; the root under the default None, ``root_keeps_parameters``), then, once
+    per step (gradients synced on the last micro-batch only), a reduce-scatter per
+    unit with gradients and, under HSDP (``replicas`` > 1), an all-reduce after
+    each. ``reshard_after_backward`` False between micro-batches: the parameters
+    stay whole from one micro-batch's backward to the next one's forward."""
     for name, value in (("units", units), ("micro_batches", micro_batches)):
         check_positive_int(name, value)
     check_positive_int("replicas", replicas)
     with_gradients = units if units_with_gradients is None else units_with_gradients
     backward = 0 if reshard_after_forward is False else units - root_keeps_parameters
+    kept = 0 if reshard_after_backward else (micro_batches - 1) * units
     return {
-        "all-gather": micro_batches * (units + backward),
+        "all-gather": micro_batches * (units + backward) - kept,
         "reduce-scatter": with_gradients,
         "all-reduce": with_gradients * (replicas > 1),
     }
@@ -129,12 +136,16 @@ def fsdp2_bytes_per_parameter(
     shards: int,
     reshard_after_forward: bool | int = True,
     mixed_precision: bool = True,
+    accumulating: bool = False,
+    gradient_as_bucket_view: bool = True,
 ) -> dict[str, float]:
     """Bytes per parameter per rank with Adam, ``shards`` ranks in the mesh's shard
     dimension, at the moment between forward and backward: the fp32 master,
     gradient and Adam shards, and the compute-dtype copies held whole (2 bytes in
     bf16, 4 in fp32), by ``reshard_after_forward``. True holds none of them (but a
-    unit or two in flight, :func:`fsdp2_memory_per_rank`) (14b)."""
+    unit or two in flight, :func:`fsdp2_memory_per_rank`). ``accumulating``: the
+    unsharded fp32 gradients of every parameter (sharded only); without sharding,
+    ``gradient_as_bucket_view=False`` (DDP's default) adds its buckets (14b)."""
     check_positive_int("shards", shards)
     if shards > 1:
         _check_reshard(reshard_after_forward, shards)
@@ -145,12 +156,17 @@ def fsdp2_bytes_per_parameter(
         held = float(compute)
     else:
         held = compute / reshard_after_forward
-    return {
+    ledger = {
         "parameters": 4 / shards,
         "gradients": 4 / shards,
         "optimizer": 8 / shards,
         "held after forward": held,
     }
+    if accumulating and shards > 1:
+        ledger["unsharded gradients"] = 4.0  # reduce_dtype fp32, or fp32 itself
+    if shards == 1 and not gradient_as_bucket_view:
+        ledger["DDP buckets"] = 4.0
+    return ledger
 
 
 def fsdp2_memory_per_rank(
@@ -160,14 +176,22 @@ def fsdp2_memory_per_rank(
     reshard_after_forward: bool | int = True,
     mixed_precision: bool = True,
     units_in_flight: int = 2,
+    accumulating: bool = False,
+    gradient_as_bucket_view: bool = True,
 ) -> dict[str, float]:
     """Bytes one rank holds at its peak without activations: the per-parameter
     categories of :func:`fsdp2_bytes_per_parameter` times ``parameters``, plus
     ``units_in_flight`` units of ``largest_unit`` parameters all-gathered in the
     compute dtype (the one computing and the one prefetched), plus that unit's
-    unsharded gradient (compute dtype, and fp32 for the reduce-scatter) (14b)."""
+    unsharded gradient (compute dtype, and fp32 for the reduce-scatter);
+    ``accumulating``, ``gradient_as_bucket_view``: as in
+    :func:`fsdp2_bytes_per_parameter` (14b)."""
     per_parameter = fsdp2_bytes_per_parameter(
-        shards, reshard_after_forward, mixed_precision
+        shards,
+        reshard_after_forward,
+        mixed_precision,
+        accumulating,
+        gradient_as_bucket_view,
     )
     ledger = {name: value * parameters for name, value in per_parameter.items()}
     compute = 2 if mixed_precision else 4

@@ -11,12 +11,16 @@ knob runs on CPU ranks with gloo (torch 2.14.1):
 - :mod:`~multigpu.fsdp2.counting`: the collectives FSDP2 issues, counted, and the
   parameter bytes a rank holds;
 - :mod:`~multigpu.fsdp2.loop`: one loop for one process and for a rank, with
-  gradient accumulation (``set_requires_gradient_sync``) and clipping.
+  gradient accumulation (``set_requires_gradient_sync``) and clipping;
+- :mod:`~multigpu.fsdp2.memory`: a step's peak memory per rank, by kind
+  (PyTorch's ``FSDPMemTracker``), and the knobs that shape it on a stack of blocks.
 
 The formulas are in :mod:`multigpu.costmodel.fsdp2`; the rank functions in
 :mod:`multigpu.ranks.fsdp2`; the exercises' checkers are
-:func:`multigpu.exercises.fsdp2.check_accumulation_step` and
-:func:`multigpu.exercises.fsdp2.check_build_sharded`.
+:func:`multigpu.exercises.fsdp2.check_accumulation_step`,
+:func:`multigpu.exercises.fsdp2.check_build_sharded` and
+:func:`multigpu.exercises.fsdp2.check_wrap_within_budget`; the figure is
+:func:`multigpu.plots.fsdp2.plot_hsdp_mesh`.
 """
 
 from multigpu.fsdp2.counting import (
@@ -34,6 +38,13 @@ from multigpu.fsdp2.loop import (
     train_one_process,
     train_steps,
 )
+from multigpu.fsdp2.memory import (
+    SavedInsideBlocks,
+    budget_model,
+    shard_blocks,
+    step_peak,
+    unsharded_gradient_bytes,
+)
 from multigpu.fsdp2.sharding import (
     build_on_meta,
     cpu_mesh,
@@ -47,7 +58,9 @@ from multigpu.fsdp2.sharding import (
 __all__ = [
     "CollectiveLog",
     "MicroBatch",
+    "SavedInsideBlocks",
     "StepsResult",
+    "budget_model",
     "build_on_meta",
     "cpu_mesh",
     "fsdp_params",
@@ -60,7 +73,10 @@ __all__ = [
     "parameter_bytes_held",
     "rank_part",
     "set_prefetch",
+    "shard_blocks",
     "shard_layers",
+    "step_peak",
     "train_one_process",
     "train_steps",
+    "unsharded_gradient_bytes",
 ]

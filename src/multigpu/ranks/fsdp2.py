@@ -5,9 +5,10 @@ counted), :func:`train_rank` (train under any knobs: mixed precision, HSDP mesh,
 accumulation, clipping), :func:`prefetch_rank` (the order of all-gathers and
 computation), :func:`meta_init_rank`, :func:`export_rank` (a full state dict
 saved by rank 0), :func:`zero_redundancy_rank` (PyTorch's ZeRO-1 beside 13's),
-:func:`fully_shard_error_rank` (what FSDP2 refuses) and the checkers'
-:func:`accumulation_check_rank` and :func:`meta_exercise_rank`. Start several at
-once with ``spawn(in_one_launch, world_size, [(rank_function, args), ...])``.
+:func:`fully_shard_error_rank` (what FSDP2 refuses), :func:`peak_memory_rank`
+(a step's peak, by kind) and :func:`ddp_gradient_copies_rank` (DDP's buckets beside
+the gradients). The checkers' rank functions are in
+:mod:`multigpu.ranks.fsdp2_exercises`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from multigpu.core.train import TrainConfig
@@ -37,6 +39,12 @@ from multigpu.fsdp2 import (
     set_prefetch,
     shard_layers,
     train_steps,
+)
+from multigpu.fsdp2.memory import (
+    budget_model,
+    shard_blocks,
+    step_peak,
+    unsharded_gradient_bytes,
 )
 from multigpu.zero import train_stage
 
@@ -78,7 +86,12 @@ def reshard_rank(
             log.clear()
             loss.backward()
             backward = list(log.calls)
-        units = [*layers_to_shard(sharded), sharded]
+        layers = layers_to_shard(sharded)
+        in_layers = {p for layer in layers for p in layer.parameters()}
+        shapes = [[tuple(p.shape) for p in layer.parameters()] for layer in layers]
+        shapes.append(
+            [tuple(p.shape) for p in sharded.parameters() if p not in in_layers]
+        )
         rows.append(
             {
                 "reshard_after_forward": reshard,
@@ -86,13 +99,7 @@ def reshard_rank(
                 "held": held,
                 "forward": forward,
                 "backward": backward,
-                "unit shapes": [
-                    [
-                        tuple(p.shape)
-                        for p in unit.parameters(recurse=unit is not sharded)
-                    ]
-                    for unit in units
-                ],
+                "unit shapes": shapes,  # the root's last: those of no layer
             }
         )
     return rows
@@ -111,8 +118,11 @@ def train_rank(
     list, every rank's own (rank 0's is broadcast). ``knobs``:
     "mesh" (a shape, e.g. (2, 2) for HSDP), "mixed" (bf16 parameters, fp32
     reductions), "reshard_after_forward", "prefetch" (a depth), "max_norm",
-    "optimizer" ("adam" or "sgd"). Returns the StepsResult's fields, the
-    collectives counted and the parameter bytes this rank stores (14b)."""
+    "optimizer" ("adam" or "sgd"), "reshard_after_backward" (False: keep the
+    parameters whole between a step's micro-batches). Returns the StepsResult's
+    fields, the collectives counted, the parameter bytes this rank stores, the
+    unsharded gradients and parameters held after each micro-batch but the last,
+    and the mesh's groups (14b)."""
     knobs = dict(knobs or {})
     model = model[rank] if isinstance(model, list) else model  # rank 0's is used
     mesh_shape = knobs.get("mesh")
@@ -120,12 +130,25 @@ def train_rank(
     options = _policy(knobs.get("mixed", False))
     if "reshard_after_forward" in knobs:
         options["reshard_after_forward"] = knobs["reshard_after_forward"]
-    sharded = shard_layers(model, cpu_mesh(mesh_shape, names), **options)
+    mesh = cpu_mesh(mesh_shape, names)
+    sharded = shard_layers(model, mesh, **options)
     set_prefetch(layers_to_shard(sharded), knobs.get("prefetch", 0))
     optimizer = make_optimizer(sharded, lr, knobs.get("optimizer", "adam"))
     mine = _my_steps(steps, rank, world_size)
+    between = []  # after each micro-batch's backward but a step's last
+
+    def before_micro_batch(step: int, micro: int) -> None:
+        if micro > 0:
+            gradients = unsharded_gradient_bytes(sharded)
+            held = parameter_bytes_held(sharded)["unsharded"]
+            between.append({**gradients, "parameter bytes": held})
+        if knobs.get("reshard_after_backward", True) is False:
+            sharded.set_reshard_after_backward(micro == len(mine[step]) - 1)
+
     with CollectiveLog(sharded) as log:
-        result = train_steps(sharded, mine, optimizer, knobs.get("max_norm"))
+        result = train_steps(
+            sharded, mine, optimizer, knobs.get("max_norm"), before_micro_batch
+        )
     kinds = ("all-gather", "reduce-scatter", "all-reduce")
     return {
         "losses": result.losses,
@@ -145,6 +168,12 @@ def train_rank(
         ),
         "stored bytes": parameter_bytes_held(sharded)["sharded"],
         "placements": {n: str(p.placements) for n, p in sharded.named_parameters()},
+        "between micro-batches": between,
+        "mesh": mesh.mesh.tolist(),
+        "groups": {
+            name: dist.get_process_group_ranks(mesh.get_group(name))
+            for name in names or ()
+        },
     }
 
 
@@ -298,86 +327,68 @@ def fully_shard_error_rank(
     return "ran"
 
 
-def accumulation_check_rank(
+def peak_memory_rank(
     rank: int,
     world_size: int,
-    step_function: Callable[..., Any],
-    model: nn.Module,
-    steps: Sequence[Sequence[MicroBatch]],
-    lr: float,
-) -> dict[str, Any]:
-    """Rank function of 14b's checker: shard ``model``, then for each step call the
-    learner's ``step_function(model, optimizer, micro_batches)`` with this rank's
-    parts and SGD at ``lr``. Returns the full weights, the reduce-scatters
-    counted and the optimizer steps taken (14b)."""
-    sharded = shard_layers(model)
-    optimizer = make_optimizer(sharded, lr, "sgd")
-    taken = []
-    optimizer.register_step_post_hook(lambda *args: taken.append(1))
-    with CollectiveLog(sharded) as log:
-        for micro_batches in _my_steps(steps, rank, world_size):
-            step_function(sharded, optimizer, micro_batches)
-    return {
-        "parameters": full_weights(sharded),
-        "reduce-scatters": log.count("reduce-scatter"),
-        "optimizer steps": len(taken),
-        "units": len(layers_to_shard(sharded)),
-    }
-
-
-def meta_exercise_rank(
-    rank: int,
-    world_size: int,
-    build_function: Callable[..., nn.Module],
     sizes: Sequence[int],
-) -> dict[str, Any]:
-    """Rank function of 14b's second checker: the learner's
-    ``build_function(build, mesh)`` with a ``build`` that records the device it
-    creates parameters on, and ``to_empty`` recording whether the model was
-    already sharded. Returns what the checker diagnoses (14b)."""
-    from torch.distributed.fsdp import FSDPModule
+    batch: MicroBatch,
+    settings: Sequence[dict[str, Any]],
+) -> list[dict[str, int]]:
+    """Rank function: for each setting ({"mixed": bool, "reshard_after_forward",
+    "checkpoint_blocks": bool}), :func:`~multigpu.fsdp2.memory.budget_model` of
+    ``sizes`` sharded by :func:`~multigpu.fsdp2.memory.shard_blocks`, one SGD
+    step on this rank's part of ``batch``: the peak bytes by kind (14b)."""
+    mine = [tuple(t.clone() for t in rank_part(batch, rank, world_size))]
+    peaks = []
+    for setting in settings:
+        options = {k: v for k, v in setting.items() if k != "mixed"}
+        options.update(_policy(setting.get("mixed", False)))
+        model = shard_blocks(budget_model(sizes), cpu_mesh(), **options)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        peaks.append(step_peak(model, optimizer, mine))
+    return peaks
 
-    from multigpu.zero import make_mlp
 
-    built_on, to_empty_sharded = [], []
-    original = nn.Module.to_empty
+def ddp_gradient_copies_rank(
+    rank: int, world_size: int, model: nn.Module, batch: MicroBatch
+) -> list[dict[str, Any]]:
+    """Rank function: one backward of DDP over a copy of ``model`` with
+    ``gradient_as_bucket_view`` False (DDP's default), then True, a comm hook
+    recording the buckets it all-reduces: the bytes of the parameters, of the
+    ``.grad`` tensors, of the buckets and of all the memory holding gradients
+    (14b)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+        allreduce_hook,
+    )
 
-    def build() -> nn.Module:
-        model = make_mlp(sizes, torch.float32)
-        built_on.append(next(model.parameters()).device.type)
-        return model
+    def storages(tensors: Any) -> dict[int, int]:
+        return {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in tensors
+        }
 
-    def to_empty(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
-        to_empty_sharded.append(isinstance(module, FSDPModule))
-        return original(module, *args, **kwargs)
+    def recording_hook(buckets, bucket):  # DDP refuses any other annotation
+        buckets.append(bucket.buffer())  # the bucket itself, not a copy
+        return allreduce_hook(None, bucket)  # None: the default group
 
-    nn.Module.to_empty = to_empty  # type: ignore[method-assign]
-    try:
-        with warnings.catch_warnings():  # the lesson explains it (section 6)
-            warnings.filterwarnings("ignore", "DTensor random operators")
-            model = build_function(build, cpu_mesh())
-    finally:
-        nn.Module.to_empty = original  # type: ignore[method-assign]
-    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    spreads = []  # each weight's largest |value| and std, over its init bound
-    for layer in layers:
-        local = (
-            layer.weight.to_local()
-            if hasattr(layer.weight, "to_local")
-            else layer.weight
+    rows = []
+    for as_view in (False, True):
+        ddp = nn.parallel.DistributedDataParallel(
+            copy.deepcopy(model), gradient_as_bucket_view=as_view
         )
-        bound = layer.in_features**-0.5  # reset_parameters: uniform(-bound, bound)
-        if local.device.type != "meta" and local.numel() > 1:
-            spreads.append(
-                (local.abs().max().item() / bound, local.std().item() / bound)
-            )
-    return {
-        "built on": built_on,
-        "to_empty sharded": to_empty_sharded,
-        "root sharded": isinstance(model, FSDPModule),
-        "layers sharded": [isinstance(m, FSDPModule) for m in layers],
-        "meta parameters": sum(p.device.type == "meta" for p in model.parameters()),
-        "spreads": spreads,
-        "stored bytes": parameter_bytes_held(model)["sharded"],
-        "whole bytes": sum(p.numel() for p in model.parameters()) * 4,
-    }
+        buckets = []
+        ddp.register_comm_hook(buckets, recording_hook)  # its state: our list
+        inputs, labels = rank_part(batch, rank, world_size)
+        nn.functional.cross_entropy(ddp(inputs), labels).backward()
+        grads = storages(p.grad for p in ddp.parameters())
+        in_buckets = storages(buckets)
+        rows.append(
+            {
+                "gradient_as_bucket_view": as_view,
+                "parameters": sum(p.nbytes for p in ddp.parameters()),
+                "gradients": sum(grads.values()),
+                "buckets": sum(in_buckets.values()),
+                "holding gradients": sum({**grads, **in_buckets}.values()),
+            }
+        )
+    return rows

@@ -14,12 +14,11 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 # How many parts of `make test` (after lint) run at once, each printed whole when it
-# ends: all four by default, which keeps 2 cores busy while some parts wait on ranks.
-# STREAMS=1 runs them one after the other.
-STREAMS ?= 4
+# ends: all three by default, which keeps 2 cores busy (about 10 min on 2 cores, one
+# at a time about 17). STREAMS=1 runs them one after the other.
+STREAMS ?= 3
 
-.PHONY: setup lab doctor test test-slow test-browser lint pytest pytest-checkers pytest-rest \
-	nbval nbval-native \
+.PHONY: setup lab doctor test test-slow test-browser lint pytest nbval nbval-native \
 	nbval-default run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
@@ -53,9 +52,9 @@ doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
 test: lint
-	@echo "pytest (in two parts), nbval-native and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest, nbval-native and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		pytest-checkers pytest-rest nbval-native nbval-default
+		pytest nbval-native nbval-default
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -65,15 +64,6 @@ lint: $(STAMP)
 
 pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(THREADS) $(BIN)/pytest tests/
-
-# `make test` runs pytest in two parts at once: the exercise checkers' tests spend
-# much of their time waiting (a deliberate deadlock's timeout, ranks starting), so
-# they overlap well with the rest.
-pytest-checkers: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest tests/exercises
-
-pytest-rest: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest tests/ --ignore=tests/exercises
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)

@@ -1,5 +1,6 @@
 """What the checkers that start ranks share: refusing learner code the ranks cannot
-import, and the last line of a rank's error."""
+import, telling ranks stuck in a collective from a learner's exception, and the last
+line of a rank's error."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def importable_or_raise(function: object, what: str, passed: str = "function") -
             "module (in a notebook, a %%module cell), import it from there and pass "
             f"the imported {passed}."
         ) from None
+
+
+def ranks_were_stuck(error: WorkerError) -> bool:
+    """Whether the ranks stopped in a collective (a deadlock or a mismatch) rather
+    than on an exception of the learner's code."""
+    return error.timed_out or "collective mismatch" in str(error)
 
 
 def last_line(error: WorkerError) -> str:

@@ -17,6 +17,7 @@ from multigpu.allreduce_sgd import (
 )
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
+from multigpu.exercises._learner_code import ranks_were_stuck
 from multigpu.ranks.allreduce_sgd import check_step_importable, train_data_parallel
 from multigpu.runtime.launch import WorkerError
 
@@ -81,7 +82,7 @@ def _raised(error: BaseException) -> str:
 
 def _failed_on_ranks(error: WorkerError, world_size: int) -> str:
     """The FAIL for a distributed run that stopped: stuck collectives or an error."""
-    if error.timed_out or "collective mismatch" in str(error):
+    if ranks_were_stuck(error):
         return (
             f"FAIL: on {world_size} ranks the ranks stopped waiting for each other: "
             "a collective (an all-reduce) was called on some ranks and not on the "

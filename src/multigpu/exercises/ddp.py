@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from multigpu.core.compare import max_parameter_difference
-from multigpu.exercises._learner_code import last_line
+from multigpu.exercises._learner_code import last_line, ranks_were_stuck
 from multigpu.ranks.ddp_exercises import accumulation_probe_rank, checkpoint_probe_rank
 from multigpu.runtime.launch import WorkerError, spawn
 
@@ -20,7 +20,7 @@ from multigpu.runtime.launch import WorkerError, spawn
 def _raised(error: WorkerError, what: str) -> str:
     """A FAIL naming the exception a learner's ``what`` raised on a rank, or a
     collective that some ranks never joined."""
-    if error.timed_out or "collective mismatch" in str(error):
+    if ranks_were_stuck(error):
         return (
             f"FAIL: the ranks waited for each other until the timeout: a collective "
             f"in your {what} ran on some ranks only, and the others never joined it."
@@ -42,7 +42,7 @@ def check_checkpoint(
                 checkpoint_probe_rank, world_size, save, load, folder, timeout=timeout
             )
         except WorkerError as error:
-            if error.timed_out or "collective mismatch" in str(error):
+            if ranks_were_stuck(error):
                 return False, (
                     "FAIL: the ranks did not call dist.barrier() together: rank 0 "
                     "waited at a barrier the other ranks never reached (a barrier "

@@ -24,6 +24,7 @@ from multigpu.core.models import ConvNet
 from multigpu.core.reproducibility import set_seed
 from multigpu.core.train import cpu_state_dict
 from multigpu.ddp import sampler_shards
+from multigpu.exercises._learner_code import ranks_were_stuck
 from multigpu.ranks.ddp_pitfalls import SampleLookupNet, counted_evaluation_rank
 from multigpu.runtime.launch import WorkerError, spawn
 
@@ -131,7 +132,7 @@ def _sample_mistake(seen: list[list[int]]) -> str | None:
 def _launch_mistake(name: str, error: WorkerError) -> str:
     """The FAIL for a launch that stopped: a collective only some ranks called, or
     the learner's exception."""
-    stuck = "collective mismatch" in str(error) or error.timed_out
+    stuck = ranks_were_stuck(error)
     if stuck:
         returned = ", ".join(str(rank) for rank in error.returned_ranks)
         who = f" while ranks {returned} had returned" if returned else ""

@@ -154,7 +154,9 @@ def _launch_failure(error: launch.WorkerError, world_size: int) -> str:
     message that never came, or the learner's own exception."""
     on = f"on {world_size} ranks"
     failures = error.failures or [str(error)]
-    if all(_SEND_TIMED_OUT in failure for failure in failures):
+    # The first rank to time out names the send; the others may then only see
+    # their peer close the connection, so one named send is enough.
+    if any(_SEND_TIMED_OUT in failure for failure in failures):
         return (
             f"FAIL {on}: deadlock. Every rank sent first with a blocking send and "
             "waited for it to be received, but its neighbour was itself waiting in "

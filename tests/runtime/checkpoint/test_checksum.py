@@ -1,9 +1,11 @@
-"""The checksum every save stores and every load checks: flipped bits in a tensor's
-bytes are refused, clean files and files without a checksum still load."""
+"""The checksum every save stores and every load checks: flipped bits anywhere in the
+file are refused, clean files and files without a checksum still load."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import struct
 import warnings
 import zipfile
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+import bench.checkpoint_flips as flips_bench
 from multigpu.runtime.checkpoint import (
     CHECKSUM_RECORD,
     InvalidCheckpointError,
@@ -90,15 +93,18 @@ def test_a_flipped_bit_in_the_plain_data_is_refused(tmp_path):
     assert str(error.value) == corrupted_message("c.pt")
 
 
-def test_the_checksum_is_a_record_of_the_archive_not_a_key(tmp_path):
+def test_the_checksum_is_the_archive_comment_not_a_key(tmp_path):
+    """The SHA-256 of every byte before the zip's comment, in the comment, which
+    torch's reader skips: torch.load reads the file as if it were not there."""
     save_checkpoint(tmp_path / "c.pt", small_model(), epoch=1)
+    data = (tmp_path / "c.pt").read_bytes()
+    comment = zipfile.ZipFile(tmp_path / "c.pt").comment
+    assert comment == b"multigpu-sha256:" + hashlib.sha256(
+        data[: -len(comment)]
+    ).hexdigest().encode("ascii")
+    assert data.endswith(comment)  # nothing after it
     names = zipfile.ZipFile(tmp_path / "c.pt").namelist()
-    folder = next(name for name in names if name.endswith("/data.pkl"))[
-        : -len("data.pkl")
-    ]
-    assert [name for name in names if name.endswith(CHECKSUM_RECORD)] == [
-        folder + CHECKSUM_RECORD  # beside torch's own records
-    ]
+    assert not [name for name in names if name.endswith(CHECKSUM_RECORD)]
     # torch.load shows the same keys as before (notebook 06 prints them)
     assert list(torch.load(tmp_path / "c.pt", weights_only=True)) == [
         "model",
@@ -106,6 +112,100 @@ def test_the_checksum_is_a_record_of_the_archive_not_a_key(tmp_path):
         "epoch",
     ]
     assert verify_checksum(tmp_path / "c.pt") is True
+
+
+# What loading may do with a flipped bit of a file, by the checksum the file holds:
+# the comment (saved now) covers every byte; the record (saved before the comment)
+# covers each record's bytes, and flips of unused directory fields load unchanged;
+# torch.save's own file cannot tell a changed weight (a warning says it is
+# unchecked). Never a raw error, never a silent change.
+ALLOWED = {
+    "comment": {flips_bench.REFUSED},
+    "record": {flips_bench.REFUSED, flips_bench.SAME},
+    "none": {flips_bench.REFUSED, flips_bench.SAME, flips_bench.WARNED},
+}
+
+
+def entries(data: bytes) -> list[tuple[int, str]]:
+    """(offset, name) of each entry of the zip's central directory."""
+    found, at = [], flips_bench.regions(data)["central directory"].start
+    while data[at : at + 4] == b"PK\x01\x02":
+        name, extra, comment = struct.unpack_from("<3H", data, at + 28)
+        found.append((at, data[at + 46 : at + 46 + name].decode()))
+        at += 46 + name + extra + comment
+    return found
+
+
+def directory_sample(data: bytes, count: int = 32, seed: int = 0) -> list:
+    """Every bit of the fixed fields of the central directory entry of the first
+    tensor (compression method, attributes, sizes, offset: the fields torch acts
+    on), and ``count`` random bits of the rest of the directory and end record."""
+    spans = flips_bench.regions(data)
+    entry = next(at for at, name in entries(data) if name.endswith("/data/0"))
+    fixed = range(entry, entry + 46)
+    rest = [
+        offset
+        for offset in [*spans["central directory"], *spans["end record"]]
+        if offset not in fixed
+    ]
+    rng = random.Random(seed)
+    return flips_bench.flips(fixed) + [
+        (offset, rng.randrange(8)) for offset in rng.sample(rest, count)
+    ]
+
+
+@pytest.mark.parametrize("checksum", ["comment", "record", "none"])
+def test_flips_in_the_zip_directory_are_refused_by_name(tmp_path, checksum):
+    """Issue 30: flips in the central directory loaded other weights silently (the
+    compression method, the attributes) or raised a raw UnicodeDecodeError,
+    struct.error or NotImplementedError; bench/checkpoint_flips.py flips them all."""
+    clean = tmp_path / "clean.pt"
+    flips_bench.save_small_checkpoint(clean, checksum)
+    assert verify_checksum(clean) is (checksum != "none")  # older files still check
+    positions = directory_sample(clean.read_bytes())
+    assert len(set(positions)) == 46 * 8 + 32
+    results = flips_bench.campaign(tmp_path, positions, clean_file=clean)
+    wrong = [result for result in results if result[2] not in ALLOWED[checksum]]
+    assert not wrong, f"{len(wrong)} of {len(results)}, e.g. {wrong[:5]}"
+
+
+def test_a_damaged_directory_says_so_in_one_line(tmp_path):
+    """A flip that Python's zip reader cannot decode (a name that is no UTF-8) in a
+    file saved before the comment: refused by name, never a UnicodeDecodeError."""
+    path = tmp_path / "c.pt"
+    flips_bench.save_small_checkpoint(path, "record")
+    data = bytearray(path.read_bytes())
+    entry = entries(data)[0][0]
+    assert data[entry + 9] & 0x08  # torch marks every name as UTF-8
+    data[entry + 46] ^= 0x80  # the name's first byte ("a") is no UTF-8 now
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnicodeDecodeError):
+        zipfile.ZipFile(path)  # what the check met before
+    with pytest.raises(InvalidCheckpointError) as error:
+        load_checkpoint(path, small_model())
+    assert str(error.value) == (
+        "c.pt is not a valid checkpoint: its zip directory cannot be read "
+        "(UnicodeDecodeError), so it is corrupted (damaged on disk or in a copy). "
+        "Restore c.pt from a copy, or save the checkpoint again with save_checkpoint."
+    )
+
+
+def test_a_damaged_or_moved_checksum_is_refused(tmp_path):
+    """The comment itself: a damaged marker, bytes after it, a cut in it."""
+    save_checkpoint(tmp_path / "c.pt", small_model(), epoch=1)
+    clean = (tmp_path / "c.pt").read_bytes()
+    at = clean.rindex(b"multigpu-sha256:")
+    damaged = {
+        "marker": clean[:at] + b"multigpu-sha257:" + clean[at + 16 :],
+        "digest": clean[:-1] + (b"0" if clean[-1:] != b"0" else b"1"),
+        "appended": clean + b"\n",
+        "cut": clean[:-10],
+    }
+    for kind, data in damaged.items():
+        (tmp_path / "c.pt").write_bytes(data)
+        with pytest.raises(InvalidCheckpointError) as error:
+            load_checkpoint(tmp_path / "c.pt", small_model())
+        assert str(error.value) == corrupted_message("c.pt"), kind
 
 
 def test_a_file_without_a_checksum_loads_with_a_note(tmp_path):

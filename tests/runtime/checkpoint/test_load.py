@@ -120,6 +120,44 @@ def test_mismatch_error_lists_keys_and_the_fix(tmp_path):
     assert str(tmp_path) not in message  # a file name, never a machine path
 
 
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_model_of_another_shape_is_left_as_it_was(tmp_path, strict, wrapped):
+    """Issue 30: torch copied the tensors that fit ('2.bias') before it raised a
+    multi-line "size mismatch" RuntimeError, with strict=False too."""
+    save_checkpoint(tmp_path / "c.pt", small_model(seed=0))
+    torch.manual_seed(1)
+    wider = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Linear(5, 2))
+    wider[1].running_mean.fill_(0.5)  # buffers must stay as they were too
+    before = copy.deepcopy(wider.state_dict())
+    model = nn.DataParallel(wider) if wrapped else wider
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_checkpoint(tmp_path / "c.pt", model, strict=strict)
+    assert str(error.value) == (
+        "c.pt does not fit Sequential: '0.weight' has shape [3, 4] in c.pt but "
+        "shape [5, 4] in the model (and 6 more tensor(s) differ); nothing was "
+        "loaded. Build the model with the same class and arguments as the one "
+        "that was saved."
+    )
+    after = wider.state_dict()
+    assert list(after) == list(before)
+    for key in before:  # '2.bias' (shape [2] in both) included
+        assert torch.equal(after[key], before[key]), key
+
+
+def test_a_value_that_is_no_tensor_is_refused_before_loading():
+    model = small_model(seed=1)
+    state = {**small_model(seed=0).state_dict(), "1.running_var": [1.0, 1.0, 1.0]}
+    with pytest.raises(CheckpointMismatchError, match="'1.running_var' is a list in"):
+        load_model_state(model, state)
+    assert_same_state(model, small_model(seed=1))
+    # what torch accepts still loads: a scalar saved with shape [1] (PyTorch 0.3)
+    state = {**small_model(seed=0).state_dict(), "1.num_batches_tracked": [7]}
+    state["1.num_batches_tracked"] = torch.tensor(state["1.num_batches_tracked"])
+    load_model_state(model, state)
+    assert model[1].num_batches_tracked.item() == 7
+
+
 def test_non_strict_load_fills_what_matches():
     source = small_model(seed=0)
     other = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.Linear(2, 1))

@@ -33,7 +33,7 @@ def write_atomically(path: str | os.PathLike, obj: Any) -> None:
     (POSIX ``flock``) from its creation until it has replaced ``path``. Before
     writing, the stale temporaries of earlier saves of ``path`` that were killed
     are removed (:func:`remove_stale_temporaries`). The file carries a checksum of
-    its records (:func:`add_checksum`), which loading checks. A full disk, a
+    all its bytes (:func:`add_checksum`), which loading checks. A full disk, a
     read-only file system or a file where a folder should be raises an ``OSError``
     whose one-line message names ``path`` and says so.
     """

@@ -1,6 +1,8 @@
 """The errors of loading a checkpoint, each saying what is wrong and how to fix it
 (06, 11)."""
 
+from pathlib import Path
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded as asked; the message says what is wrong
@@ -25,3 +27,12 @@ class InvalidCheckpointError(CheckpointError):
 class UnsafeCheckpointError(CheckpointError):
     """A file that holds objects other than plain data, which weights-only loading
     refuses to unpickle because unpickling them could run code (06, 11)."""
+
+
+def invalid_checkpoint(path: Path, problem: str) -> InvalidCheckpointError:
+    """The one-line error for a file that is not a valid checkpoint: its name, what
+    is wrong with it (``problem``), and how to get a good one back (11)."""
+    return InvalidCheckpointError(
+        f"{path.name} is not a valid checkpoint: {problem}. Restore {path.name} "
+        "from a copy, or save the checkpoint again with save_checkpoint."
+    )

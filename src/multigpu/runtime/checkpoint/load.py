@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from multigpu.core.devices import SIMULATED_PREFIX, Device, resolve_device
 from multigpu.runtime.checkpoint.checksum import verify_checksum
@@ -20,6 +21,7 @@ from multigpu.runtime.checkpoint.errors import (
     InvalidCheckpointError,
     OptimizerMismatchError,
     UnsafeCheckpointError,
+    invalid_checkpoint,
 )
 from multigpu.runtime.checkpoint.plain_data import (
     OWN_PACKAGE,
@@ -53,10 +55,13 @@ def load_model_state(
 ) -> tuple[list[str], list[str]]:
     """Load a plain or ``module.``-prefixed ``state_dict`` into ``model``, wrapped
     or not; returns (missing_keys, unexpected_keys) like ``load_state_dict``. A
-    real mismatch raises :class:`CheckpointMismatchError` unless strict=False (06)."""
+    real mismatch raises :class:`CheckpointMismatchError` unless strict=False; a
+    tensor of another shape raises it always, before anything is loaded, so the
+    model is left as it was (06)."""
     target = unwrap(model)
     fitted = match_keys(state_dict, target)
-    expected = list(target.state_dict().keys())
+    current = target.state_dict()
+    expected = list(current.keys())
     missing = [key for key in expected if key not in fitted]
     expected_keys = set(expected)
     unexpected = [key for key in fitted if key not in expected_keys]
@@ -68,7 +73,44 @@ def load_model_state(
             "and arguments as the one that was saved, or pass strict=False to load "
             "only the keys that match."
         )
+    differing = _shape_mismatches(fitted, current)
+    if differing:
+        key, saved, wanted = differing[0]
+        others = len(differing) - 1
+        raise CheckpointMismatchError(
+            f"{source} does not fit {type(target).__name__}: {key!r} {saved} in "
+            f"{source} but {wanted} in the model"
+            f"{f' (and {others} more tensor(s) differ)' if others else ''}; nothing "
+            "was loaded. Build the model with the same class and arguments as the "
+            "one that was saved."
+        )
     return target.load_state_dict(fitted, strict=strict)
+
+
+def _shape_mismatches(
+    fitted: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[tuple[str, str, str]]:
+    """(key, what the state_dict holds, what the model holds) for each tensor of
+    the model, in its order, that ``load_state_dict`` would refuse (a value that is
+    no tensor, or another shape) after loading the others."""
+    differing = []
+    for key, tensor in current.items():
+        if key not in fitted or not isinstance(tensor, torch.Tensor):
+            continue  # missing (strict=False), or a module's extra state
+        if is_lazy(tensor):
+            continue  # a lazy module takes any shape
+        value = fitted[key]
+        wanted = f"shape {list(tensor.shape)}"
+        if not torch.overrides.is_tensor_like(value):
+            saved = f"is a {type(value).__name__}"
+            differing.append((key, saved, f"a tensor of {wanted}"))
+            continue
+        shape = value.shape
+        if len(tensor.shape) == 0 and list(shape) == [1]:
+            shape = torch.Size([])  # load_state_dict accepts [x] for a scalar
+        if shape != tensor.shape:
+            differing.append((key, f"has shape {list(value.shape)}", wanted))
+    return differing
 
 
 def load_checkpoint(
@@ -92,7 +134,8 @@ def load_checkpoint(
     warning if it is a checkpoint dict. Errors: :class:`InvalidCheckpointError` for
     a file that is empty, cut short, corrupted or not matching its checksum;
     :class:`UnsafeCheckpointError` for one holding other objects;
-    :class:`CheckpointMismatchError` when the keys do not fit the model;
+    :class:`CheckpointMismatchError` when the keys or the tensors' shapes do not
+    fit the model (which is then left as it was);
     :class:`OptimizerMismatchError` when the optimizer state does not fit
     ``optimizer`` (the model and the optimizer are then left as they were, except
     that for a file saved without ``"optimizer_type"`` the model is loaded already).
@@ -218,15 +261,12 @@ def _invalid(path: Path, error: BaseException) -> InvalidCheckpointError:
         empty = path.stat().st_size == 0
     except OSError:
         empty = False
-    problem = (
+    return invalid_checkpoint(
+        path,
         "the file is empty (0 bytes)"
         if empty
         else f"torch.load cannot read it ({type(error).__name__}), so it is cut "
-        "short, corrupted, or not a file written by torch.save"
-    )
-    return InvalidCheckpointError(
-        f"{path.name} is not a valid checkpoint: {problem}. Restore {path.name} "
-        "from a copy, or save the checkpoint again with save_checkpoint."
+        "short, corrupted, or not a file written by torch.save",
     )
 
 

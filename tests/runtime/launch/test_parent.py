@@ -20,7 +20,7 @@ from multigpu.runtime.launch import (
     spawn,
 )
 from tests import ranks as test_ranks
-from tests.runtime.launch.processes import TIMEOUT
+from tests.runtime.launch.processes import TIMEOUT, descendants
 
 
 def test_results_come_back_ordered_by_rank_with_limited_threads(no_leftovers):
@@ -109,6 +109,44 @@ def test_an_infinite_timeout_or_deadline_is_refused_with_the_way_to_say_none():
         spawn(collective_ranks.whoami_rank, 1, timeout=float("nan"))
     with pytest.raises(TypeError, match="deadline must be a number of seconds"):
         spawn(collective_ranks.whoami_rank, 1, deadline="60")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"timeout": 1e300}, {"timeout": 1e14}, {"timeout": 1e-3}, {"threads": 10**6}],
+    ids=["timeout=1e300", "timeout=1e14", "timeout=1e-3", "threads=10**6"],
+)
+def test_sizes_out_of_range_are_refused_by_name_before_any_process_starts(options):
+    # They used to give a raw OverflowError, torch's DistNetworkError, or a machine
+    # out of threads and a rank that "never joins".
+    ((name, value),) = options.items()
+    allowed = {
+        "timeout": f"from {launch.MIN_TIMEOUT_S:g} to {launch.MAX_TIMEOUT_S:.0f} "
+        "seconds",
+        "threads": f"an integer from 1 to {launch.MAX_THREADS}",
+    }[name]
+    before = descendants()
+    with pytest.raises(ValueError) as caught:
+        spawn(collective_ranks.whoami_rank, 2, **options)
+    assert descendants() - before == set()
+    message = str(caught.value)
+    assert message.startswith(f"{name} must be {allowed}")
+    assert f"got {value!r}" in message
+    assert "\n" not in message
+
+
+def test_the_size_limits_hold_every_value_the_lessons_pass():
+    # src/ and notebooks/ pass timeouts from 2 s to 300 s, the tests 1 s; a year is
+    # what timeout=None gives torch. Threads: 1, and 2 in the tests.
+    assert launch.MIN_TIMEOUT_S <= 1.0
+    assert launch.MAX_TIMEOUT_S == launch.NO_TIMEOUT.total_seconds()
+    assert launch.MAX_THREADS >= max(os.cpu_count(), 8)
+    # torch takes the longest timeout (the rendezvous and a collective).
+    assert spawn(
+        collective_ranks.sum_of_ranks_rank, 2, timeout=launch.MAX_TIMEOUT_S
+    ) == [3, 3]
+    with pytest.raises(ValueError, match="threads must be an integer from 1 to"):
+        run_torchrun("multigpu.ranks.torchrun_example", 1, threads=10**6)
 
 
 def test_far_more_ranks_than_cores_gives_a_warning(monkeypatch):

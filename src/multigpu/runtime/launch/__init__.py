@@ -17,16 +17,18 @@ the ranks run live in :mod:`multigpu.ranks`. The exact contract (timeouts,
 deadlines, errors, what happens when the caller dies) is in ``docs/launch.md``.
 Files: ``errors`` (the exceptions), ``parent`` (spawn), ``_child`` (what runs in
 each rank), ``_diagnosis`` (from what the parent saw to one error), ``_stderr``,
-``_watchdog`` (kills the ranks when the caller dies), ``timeouts``,
+``_watchdog`` (kills the ranks when the caller dies), ``_start`` (each rank's
+start, bounded by the deadline), ``timeouts``,
 ``environment``, ``rank_functions`` (check_importable, in_one_launch),
-``torchrun`` and ``_process_tree`` (what torchrun started, and how to end it).
+``torchrun`` and ``_process_tree`` (what a rank or torchrun started, and how to
+end it).
 
 This package imports torch lazily, so that with "spawn" a child sets its thread
 limits before torch loads.
 """
 
 from multigpu.runtime.launch._child import HOST
-from multigpu.runtime.launch.environment import laptop_environment
+from multigpu.runtime.launch.environment import MAX_THREADS, laptop_environment
 from multigpu.runtime.launch.errors import (
     DeadlineExceededError,
     RemoteTraceback,
@@ -44,6 +46,8 @@ from multigpu.runtime.launch.parent import (
 )
 from multigpu.runtime.launch.rank_functions import check_importable, in_one_launch
 from multigpu.runtime.launch.timeouts import (
+    MAX_TIMEOUT_S,
+    MIN_TIMEOUT_S,
     NO_TIMEOUT,
     as_timedelta,
     is_communication_error,
@@ -60,6 +64,9 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "HOST",
     "MAX_RANKS",
+    "MAX_THREADS",
+    "MAX_TIMEOUT_S",
+    "MIN_TIMEOUT_S",
     "NO_TIMEOUT",
     "RANKS_PER_CORE",
     "START_METHOD",

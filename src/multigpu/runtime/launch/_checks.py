@@ -8,6 +8,7 @@ import numbers
 from typing import Any
 
 from multigpu.core.checks import check_positive_int
+from multigpu.runtime.launch import environment, timeouts
 
 
 def check_seconds(name: str, value: Any, none_means: str) -> None:
@@ -31,13 +32,31 @@ def check_seconds(name: str, value: Any, none_means: str) -> None:
         )
 
 
+def check_collective_timeout(timeout: Any) -> None:
+    """spawn's ``timeout``: None, or from timeouts.MIN_TIMEOUT_S to MAX_TIMEOUT_S
+    seconds."""
+    check_seconds("timeout", timeout, "no timeout")
+    low, high = timeouts.MIN_TIMEOUT_S, timeouts.MAX_TIMEOUT_S
+    if timeout is not None and not low <= timeout <= high:
+        raise ValueError(
+            f"timeout must be from {low:g} to {high:.0f} seconds "
+            f"(a year), got {timeout!r}: it bounds the rendezvous and each "
+            "collective, and the ranks need a second to connect. For no timeout, "
+            "pass timeout=None."
+        )
+
+
 def check_arguments(world_size: int, timeout: float | None, threads: int) -> None:
     check_positive_int(
         "world_size", world_size, "Ask for as many processes as you want ranks."
     )
     check_seconds("timeout", timeout, "no timeout")
-    check_positive_int(
-        "threads",
-        threads,
-        "Pass how many CPU threads each rank may use, e.g. threads=1.",
-    )
+    fix = "Pass how many CPU threads each rank may use, e.g. threads=1."
+    check_positive_int("threads", threads, fix)
+    most = environment.MAX_THREADS
+    if threads > most:
+        raise ValueError(
+            f"threads must be an integer from 1 to {most} (this machine's CPU cores, "
+            f"and at least 8), got {threads!r}: each rank would start that many "
+            f"threads. {fix}"
+        )

@@ -19,6 +19,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from multigpu.runtime.launch._process_tree import end_descendants
 from multigpu.runtime.launch.timeouts import (
     as_timedelta,
     is_communication_error,
@@ -41,9 +42,21 @@ def _watch_lifeline(lifeline: Connection) -> None:
         lifeline.recv_bytes()
     except (EOFError, OSError):
         pass
+    _end_what_this_rank_started()
     if hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
         os.killpg(0, signal.SIGKILL)  # this rank and every process it started
     os._exit(1)
+
+
+def _end_what_this_rank_started() -> None:
+    """Kill every process below this rank, those in sessions of their own
+    (``start_new_session=True``) too, which its process group does not hold. It runs
+    before the rank reports its end, and before it leaves on its own, since once it
+    has exited they belong to init and cannot be found any more."""
+    try:
+        end_descendants()
+    except Exception:  # never in the way of the report
+        pass
 
 
 def _send(writer: Connection, message: tuple) -> None:
@@ -123,9 +136,11 @@ def run_rank(
                 f"pickled ({exc}). Return tensors, numbers, strings, lists or dicts."
             ) from exc
         dist.destroy_process_group()
+        _end_what_this_rank_started()
         _send(writer, ("ok", data))
     except BaseException as exc:
         waited_s = time.monotonic() - rendezvous_start
+        _end_what_this_rank_started()
         _send(writer, ("error", _error_report(exc, waited_s, timeout)))
         writer.close()
         sys.stdout.flush()

@@ -248,17 +248,24 @@ def deadline_error(
 
 
 def start_deadline_error(
-    started: int, world_size: int, deadline: float
+    started: int, world_size: int, deadline: float, why: str = ""
 ) -> DeadlineExceededError:
     """The error for a deadline that passed while spawn was still starting ranks
-    (``started`` of ``world_size`` had started); the caller then stops them. No
-    rank had reported anything: all are missing, and ``rank`` is 0."""
+    (``started`` of ``world_size`` had started; ``why``: what is known of the cause,
+    from _start); the caller then stops them. No rank had reported anything: all
+    are missing, and ``rank`` is 0."""
     message = (
         f"The launch did not finish within its deadline of {deadline:g} s: it had "
-        f"started only {started} of {world_size} ranks. Every rank has been "
-        "stopped. Starting ranks takes time on a busy machine: use fewer ranks, or "
-        "pass a larger deadline= (None for no deadline)."
+        f"started only {started} of {world_size} ranks"
     )
+    if why:
+        message += f" ({why}). Every rank has been stopped. Run the launch again."
+    else:
+        message += (
+            ". Every rank has been stopped. Starting ranks takes time on a busy "
+            "machine: use fewer ranks, or pass a larger deadline= (None for no "
+            "deadline)."
+        )
     tb = f"The deadline passed before rank {started} was started.\n"
     error = DeadlineExceededError(
         message, 0, tb, deadline, missing_ranks=range(world_size)

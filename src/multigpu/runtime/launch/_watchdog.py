@@ -5,9 +5,10 @@ cannot run while the rank is stopped (SIGSTOP) or sits in a long C call that hol
 the GIL. The watchdog needs nothing from the ranks. spawn starts it (``Watchdog``)
 and writes each rank's pid to its stdin, one per line; "done" ends it quietly. End
 of file without "done" means the caller died (the operating system closed the pipe):
-the watchdog then kills every rank's process group with SIGKILL, which ends stopped
-processes too, and exits. Run as a script (``python -I -S _watchdog.py``), it imports
-only the standard library, so it starts in milliseconds.
+the watchdog then stops every rank, kills its process group and everything below
+it, a process in a session of its own too (_process_tree), with SIGKILL, which ends
+stopped processes too, and exits. Run as a script (``python -I -S _watchdog.py``),
+it imports only the standard library, so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -17,34 +18,30 @@ import signal
 import subprocess
 import sys
 
+if __package__:
+    from multigpu.runtime.launch import _process_tree
+else:  # run as a script (python -I -S): _process_tree needs only the stdlib
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _process_tree
+
 _DONE = b"done"
 
 
-def _start_time(pid: int) -> str | None:
-    """When ``pid`` started (Linux: /proc), None once it is gone; "" where the
-    platform cannot tell (then a pid that was reused cannot be told apart)."""
-    if not os.path.isdir("/proc"):
-        return ""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
-
-
 def _kill_ranks(ranks: dict[int, str | None]) -> None:
+    """Kill each rank (stopped first), its process group and everything below it,
+    a process in a session of its own too. A group outlives its leader while a
+    member lives, and its id is not reused; a rank's pid that now belongs to
+    another process is left alone."""
+    groups = []
+    processes = set()
     for pid, started in ranks.items():
-        now = _start_time(pid)
-        if now is not None and now != started:
+        now = _process_tree.process(pid)
+        if now is not None and now[1] != started:
             continue  # the rank is gone and its pid belongs to another process
-        # Each rank leads its own process group: this ends what it started too. A
-        # group outlives its leader while a member lives, and its id is not reused.
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        groups.append(pid)
+        if now is not None:
+            processes.add(now)
+    _process_tree.end_processes(processes, groups if hasattr(os, "killpg") else [])
 
 
 def main() -> None:
@@ -57,7 +54,8 @@ def main() -> None:
         for line in lines:
             if line == _DONE:
                 return
-            ranks[int(line)] = _start_time(int(line))
+            found = _process_tree.process(int(line))
+            ranks[int(line)] = None if found is None else found[1]
     _kill_ranks(ranks)
 
 

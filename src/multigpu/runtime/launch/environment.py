@@ -1,8 +1,15 @@
-"""The environment variables ranks on a laptop need (07, 09)."""
+"""The environment variables ranks on a laptop need, and the most threads a rank may
+use (07, 09)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+
+# The most CPU threads one rank may use (threads=, OMP_NUM_THREADS): the machine's
+# cores, and at least 8, so that a notebook asking for a few runs on any laptop;
+# threads=10**6 would start a million threads in each rank.
+MAX_THREADS = max(os.cpu_count() or 1, 8)
 
 
 def laptop_environment(

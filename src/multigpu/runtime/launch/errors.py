@@ -68,7 +68,8 @@ class DeadlineExceededError(WorkerError):
 
 
 class WorkerNotImportableError(ValueError):
-    """The worker cannot be imported by a fresh process (notebook, lambda, nested)."""
+    """The worker cannot be imported by a fresh process (notebook, lambda, nested),
+    or the script that called spawn cannot be read again (standard input)."""
 
 
 class TorchrunError(RuntimeError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import sys
 import time
 import warnings
@@ -14,7 +13,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from multigpu.core.units import MiB
-from multigpu.runtime.launch._checks import check_arguments, check_seconds
+from multigpu.runtime.launch import _process_tree
+from multigpu.runtime.launch._checks import (
+    check_arguments,
+    check_collective_timeout,
+    check_seconds,
+)
 from multigpu.runtime.launch._child import HOST, run_rank
 from multigpu.runtime.launch._diagnosis import (
     Failure,
@@ -22,10 +26,14 @@ from multigpu.runtime.launch._diagnosis import (
     failure_error,
     start_deadline_error,
 )
+from multigpu.runtime.launch._start import end_stopped_forkserver, start_rank
 from multigpu.runtime.launch._stderr import StderrTails
 from multigpu.runtime.launch._watchdog import Watchdog
 from multigpu.runtime.launch.environment import laptop_environment
-from multigpu.runtime.launch.rank_functions import check_importable
+from multigpu.runtime.launch.rank_functions import (
+    check_importable,
+    check_main_importable,
+)
 from multigpu.runtime.launch.timeouts import as_timedelta
 
 # "forkserver": children forked from a server process that imported torch once;
@@ -150,6 +158,9 @@ def spawn(
     start = time.monotonic()
     check_importable(worker)
     check_arguments(world_size, timeout, threads)
+    check_collective_timeout(timeout)
+    if START_METHOD != "fork":
+        check_main_importable()
     _check_machine_can_start(world_size)
     check_seconds("deadline", deadline, "no deadline")
     backend = _resolve_backend(backend, world_size)
@@ -173,6 +184,8 @@ def spawn(
         timeout=as_timedelta(timeout),
     )
     context = _context()
+    if START_METHOD == "forkserver":
+        end_stopped_forkserver()  # it would never answer: a new one starts instead
     environment = laptop_environment(os.environ, sys.platform)
     # Only this process ever holds the lifeline's write end: when it closes, because
     # spawn is done or because this process died, every rank ends (_watch_lifeline).
@@ -199,11 +212,13 @@ def spawn(
             )
             readers.append(reader)
             stderr.add(rank, stderr_reader)
+            # Once started, only the child holds the writers: its exit shows as EOF.
+            why = start_rank(process, deadline_at, (writer, stderr_writer))
+            if why is not None:
+                assert deadline is not None
+                raise start_deadline_error(rank, world_size, deadline, why)
             processes.append(process)
-            process.start()
             watchdog.watch(process.pid)
-            writer.close()  # only the child holds it now: its exit shows as EOF
-            stderr_writer.close()
         lifeline_reader.close()
         return _collect(processes, readers, stderr, timeout, deadline, deadline_at)
     finally:
@@ -322,16 +337,16 @@ def _collect(
 
 
 def _end_all(processes: list) -> None:
-    """Kill every child that still runs, with anything it started, and reap them."""
-    for process in processes:
-        if process.pid is None:  # never started
-            continue
-        if hasattr(os, "killpg"):
-            try:
-                # Each child leads its own process group (see run_rank).
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    """Kill every child that still runs, with anything it started, and reap them.
+
+    Each child leads its own process group (see run_rank), but a process it started
+    in a session of its own is not in it: so the children still running are
+    stopped and everything below them is found and killed too (_process_tree)."""
+    running = [p for p in processes if p.pid is not None and p.exitcode is None]
+    found = {_process_tree.process(process.pid) for process in running}
+    groups = [process.pid for process in processes if process.pid is not None]
+    _process_tree.end_processes(found - {None}, groups if hasattr(os, "killpg") else [])
+    for process in running:
         if process.is_alive():
             process.kill()
     for process in processes:

@@ -4,6 +4,8 @@ run in one launch (07-09b)."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,37 @@ def check_importable(worker: Callable[..., Any]) -> None:
             f"The worker {qualname!r} cannot be found as {module_name}.{qualname}, "
             f"so the new processes cannot import it. {fix}"
         )
+
+
+def check_main_importable() -> None:
+    """Raise WorkerNotImportableError when the script that runs this process cannot
+    be read again by a new process (07): each rank of spawn re-imports it by its
+    file name, and a script read from standard input (``python - <<EOF``) has none.
+    """
+    import multiprocessing.process
+
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return  # python -m module: the ranks import the module by its name
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return  # an interactive Python, python -c, Jupyter: nothing to re-import
+    folder = multiprocessing.process.ORIGINAL_DIR or ""
+    if os.path.isfile(os.path.join(folder, path)):
+        return
+    if os.path.basename(path) == "<stdin>":
+        raise WorkerNotImportableError(
+            "This script was read from standard input (python - <<EOF, or python "
+            "< script.py), and the new processes cannot read it again: each rank "
+            "re-imports the script that called spawn from its file. Save it to a "
+            "file and run python your_script.py (keep its if __name__ == "
+            "'__main__': guard)."
+        )
+    raise WorkerNotImportableError(
+        f"The script that called spawn ({path}) no longer exists, so the new "
+        "processes cannot re-import it as each rank does. Run it again from its "
+        "file."
+    )
 
 
 def in_one_launch(

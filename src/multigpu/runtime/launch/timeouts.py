@@ -1,5 +1,5 @@
-"""When torch.distributed gave up waiting for its peers, and the timedelta it gets
-for a timeout in seconds (07)."""
+"""When torch.distributed gave up waiting for its peers, the timedelta it gets for a
+timeout in seconds, and the timeouts spawn accepts (07)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from datetime import timedelta
 # What torch gets for timeout=None: a year (torch needs a finite timedelta, and much
 # longer ones overflow inside it).
 NO_TIMEOUT = timedelta(days=365)
+# The timeouts spawn accepts, in seconds: below a second the ranks cannot even
+# connect (1e-3 failed inside torch); far above a year, the timedelta torch takes
+# overflows (1e14, 1e300). For no timeout, timeout=None.
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = NO_TIMEOUT.total_seconds()
 
 
 def is_communication_error(exc: BaseException) -> bool:

@@ -26,6 +26,7 @@ from tests.ddp.problems import (
     hard_config,
     make_problem,
 )
+from tests.ddp.ranks import agreement_rank
 from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
 from tests.ranks import ddp_from_seed_rank
 
@@ -77,6 +78,9 @@ def _calls(problem, bn_problem, eval_set, world_size, checkpoint_dir):
     }
     if world_size > 1:
         calls["plain bn"] = (ddp_ranks.train_rank, (bn_model, bn_X, bn_y, CONFIG, {}))
+        odd = set(range(1, world_size, 2))  # ranks 1 (and 3) hold other weights
+        calls["agree"] = (agreement_rank, (model.state_dict(), set()))
+        calls["disagree"] = (agreement_rank, (model.state_dict(), odd))
     if world_size == 2:
         calls["flag_before_forward"] = (
             ddp_ranks.train_rank,

@@ -154,3 +154,106 @@ def test_restarts_need_the_workers_own_store(capsys):
     cli.check_restarts(argv, {**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     cli.check_restarts(argv, {**env, "TORCHELASTIC_MAX_RESTARTS": "0"})
     cli.check_restarts(argv, {})  # not under torchrun
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--step-delay", "0.1"],
+            "--step-delay needs --snapshot DIR: it slows the snapshot loop down, which "
+            "runs only with a snapshot folder. Add --snapshot DIR, or leave "
+            "--step-delay out.",
+        ),
+        (
+            ["--snapshot-every", "3"],
+            "--snapshot-every needs --snapshot DIR: it is how often the snapshot loop "
+            "saves, which runs only with a snapshot folder. Add --snapshot DIR, or "
+            "leave --snapshot-every out.",
+        ),
+        (
+            ["--resume"],
+            "--resume needs --checkpoint FILE: the file it resumes from (and saves to "
+            "after every epoch). Add --checkpoint FILE, or leave --resume out.",
+        ),
+        (
+            ["--timeout", "1e14"],
+            "--timeout must be from 1 to 604800 seconds (a week), got 1e+14. Pass "
+            "e.g. --timeout 60.",
+        ),
+        (
+            ["--timeout", "1e300"],
+            "--timeout must be from 1 to 604800 seconds (a week), got 1e+300. Pass "
+            "e.g. --timeout 60.",
+        ),
+        (
+            ["--timeout", "0.001"],
+            "--timeout must be from 1 to 604800 seconds (a week), got 0.001. Pass "
+            "e.g. --timeout 60.",
+        ),
+        (
+            ["--snapshot", "d", "--step-delay", "1e300"],
+            "--step-delay must be from 0 to 60 seconds, got 1e+300. Pass e.g. "
+            "--step-delay 0.1.",
+        ),
+    ],
+)
+def test_options_that_would_be_ignored_or_overflow_stop_the_script(
+    capsys, argv, message
+):
+    assert _stopped(capsys, ddp.parse_args, argv) == message
+
+
+def test_the_options_ranges_include_their_ends():
+    assert ddp.parse_args(["--timeout", "1"]).timeout == 1
+    assert ddp.parse_args(["--timeout", "604800"]).timeout == 604800
+    args = ddp.parse_args(["--snapshot", "d", "--step-delay", "60"])
+    assert (args.step_delay, args.snapshot_every) == (60, 5)  # the default K
+    assert ddp.parse_args(["--no-resume", "--step-delay", "0"]).resume is False
+
+
+@pytest.mark.parametrize(
+    "backend, local_world_size, gpus, message",
+    [
+        (
+            "nccl",
+            2,
+            0,
+            "--backend nccl needs a GPU for every rank, and this machine has no GPU "
+            "(torch.cuda.device_count() is 0). Pass --backend gloo, or leave "
+            "--backend out: auto picks gloo where there is no GPU.",
+        ),
+        (
+            "nccl",
+            4,
+            2,
+            "--backend nccl needs a GPU for every rank: torchrun started 4 ranks on "
+            "this node, which has 2 GPU(s). Pass --nproc-per-node=2 or fewer, or "
+            "--backend gloo.",
+        ),
+        (
+            "auto",
+            2,
+            1,
+            "--backend auto, which picks nccl here, needs a GPU for every rank: "
+            "torchrun started 2 ranks on this node, which has 1 GPU(s). Pass "
+            "--nproc-per-node=1 or fewer, or --backend gloo.",
+        ),
+    ],
+)
+def test_a_backend_without_the_gpus_it_needs_stops_the_script(
+    capsys, backend, local_world_size, gpus, message
+):
+    assert _stopped(capsys, cli.check_backend, backend, local_world_size, gpus) == (
+        message
+    )
+
+
+def test_backends_that_fit_the_node_pass():
+    for backend, local_world_size, gpus in [
+        ("gloo", 4, 0),
+        ("auto", 4, 0),
+        ("auto", 2, 2),
+        ("nccl", 1, 1),
+    ]:
+        cli.check_backend(backend, local_world_size, gpus)  # returns

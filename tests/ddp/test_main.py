@@ -147,6 +147,24 @@ WRONG_OPTIONS = [
         "the fault would not fire. Pass a step from 0 to 7.",
     ),
 ]
+WRONG_OPTIONS += [
+    (
+        "--step-delay 0.1",
+        "--step-delay needs --snapshot DIR: it slows the snapshot loop down, which "
+        "runs only with a snapshot folder. Add --snapshot DIR, or leave --step-delay "
+        "out.",
+    ),
+    (
+        "--resume",
+        "--resume needs --checkpoint FILE: the file it resumes from (and saves to "
+        "after every epoch). Add --checkpoint FILE, or leave --resume out.",
+    ),
+    (
+        "--timeout 1e300",
+        "--timeout must be from 1 to 604800 seconds (a week), got 1e+300. Pass e.g. "
+        "--timeout 60.",
+    ),
+]
 # From a shell under torchrun: an option argparse refuses, one that does not fit the
 # data, one that does not fit the ranks torchrun started.
 FROM_A_SHELL = (
@@ -289,3 +307,100 @@ def test_restarts_without_the_own_store_variable_are_refused_with_the_command(
         f"{command}",
     )
     assert not (tmp_path / "snapshots").exists()
+
+
+def test_nccl_without_a_gpu_says_so_and_to_use_gloo(tmp_path, monkeypatch, capsys):
+    """Rank 0 of 2 on a machine without a GPU: one line, before the group starts."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    main = importlib.import_module(MAIN).main
+    with pytest.raises(SystemExit) as exited:
+        main(["--no-progress", "--backend", "nccl"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{PROG}: error: --backend nccl needs a GPU for every rank, and this machine "
+        "has no GPU (torch.cuda.device_count() is 0). Pass --backend gloo, or leave "
+        "--backend out: auto picks gloo where there is no GPU.\n"
+    )
+    assert not dist.is_initialized()
+
+
+@pytest.fixture
+def one_rank(tmp_path, monkeypatch):
+    """The script's main in this process as the only rank of a gloo group: returns
+    a function that runs it and gives (status, stdout lines, stderr lines)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    environ = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    environ.update(LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, str(value))
+    for name in ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    main = importlib.import_module(MAIN).main
+    small = ["--no-progress", "--backend", "gloo", "--samples", "64", "--epochs", "1"]
+
+    def run(*options):
+        capsys = run.capsys
+        code = main([*small, *options])
+        assert not dist.is_initialized()
+        out, err = capsys.readouterr()
+        return code, out.splitlines(), err.splitlines()
+
+    return run
+
+
+@pytest.fixture
+def script(one_rank, capsys):
+    one_rank.capsys = capsys
+    return one_rank
+
+
+def test_a_finished_run_says_so_and_another_lr_is_refused(script):
+    """--checkpoint with --resume, and --snapshot: a rerun of a finished run trains
+    nothing and says so; a rerun with another --lr or --momentum is one line."""
+    code, out, _ = script("--checkpoint", "last.pt")
+    assert code == 0 and out[-1] == "every rank holds the same weights: True"
+    code, out, _ = script("--checkpoint", "last.pt", "--resume")
+    assert code == 0
+    assert out[1:] == [
+        "the run is already complete: last.pt is of epoch 1, and this run asks for 1 "
+        "epoch(s), so there is nothing to train. Use a new checkpoint file to train "
+        "again, or more epochs to train on.",
+        "every rank holds the same weights: True",
+    ]
+    code, _, err = script("--checkpoint", "last.pt", "--resume", "--lr", "0.5")
+    assert code == 2
+    assert err == [
+        "error: last.pt was saved by a run whose optimizer had lr 0.05, and this run "
+        "asks for 0.5: resuming would train with 0.05. Resume with lr 0.05, or start "
+        "afresh with a new checkpoint file."
+    ]
+    assert script("--snapshot", "s")[0] == 0
+    code, out, _ = script("--snapshot", "s")
+    assert code == 0 and out[1].startswith("restart 0: the run is already complete")
+    assert not any(line.startswith("epoch ") for line in out)
+    code, _, err = script("--snapshot", "s", "--momentum", "0")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(
+        "error: snapshot.pt was written by a run with 0.9 as its optimizer's "
+        "momentum, and this run has 0.0"
+    )
+
+
+def test_weights_that_are_not_finite_fail_in_one_line(script):
+    code, out, err = script("--lr", "1e30", "--epochs", "2")  # 2 steps: nan
+    assert code == 1
+    assert not any("same weights" in line for line in out)
+    assert len(err) == 1 and err[0].startswith(
+        "every rank holds the same weights: True, but they are not finite (nan or "
+        "inf, first in "
+    )

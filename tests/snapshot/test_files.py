@@ -112,3 +112,24 @@ def test_a_corrupted_snapshot_is_refused(tmp_path):
     flip_bit(path, tensor_byte_offsets(path)[0], 0)
     with pytest.raises(InvalidCheckpointError, match="^snapshot.pt is not a valid"):
         snapshot.load_snapshot(path, model, optimizer, sampler_of())
+
+
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ({"lr": 0.5}, "0.1 as its optimizer's lr, and this run has 0.5"),
+        (
+            {"lr": 0.1, "momentum": 0.9},
+            "0 as its optimizer's momentum, and this run has 0.9",
+        ),
+    ],
+)
+def test_another_lr_or_momentum_is_refused_by_name(tmp_path, options, text):
+    """load_state_dict would silently put back the saved lr and momentum."""
+    path = tmp_path / "snapshot.pt"
+    model, _ = saved_snapshot(path)  # saved with SGD(lr=0.1), no momentum
+    optimizer = torch.optim.SGD(model.parameters(), **options)
+    with pytest.raises(snapshot.SnapshotMismatchError) as error:
+        snapshot.load_snapshot(path, model, optimizer, sampler_of(), global_batch=64)
+    assert text in str(error.value)
+    assert str(error.value).endswith("or start afresh in a new snapshot folder.")

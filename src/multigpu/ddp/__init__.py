@@ -18,8 +18,9 @@ Notebook 08's recipe with the library doing the work, one file per part:
   the padded sampler's biased sum (:func:`evaluate_padded`);
 - ``accumulation``: :func:`scaled_lr`, :func:`accumulate` (``no_sync``, AMP);
 - ``checkpoints``: :func:`save_on_main`, :func:`resume`;
-- ``loop``: :func:`train_ddp_loop`, what every rank runs;
-- ``cli`` and ``__main__``: the torchrun script; ``ports``: a port in use (09b).
+- ``loop``: :func:`train_ddp_loop`, what every rank runs (Ctrl-C: :class:`Interrupted`);
+- ``cli``, ``script_checks`` and ``__main__``: the torchrun script, whose last
+  check is ``agreement`` (:func:`check_same_weights`); ``ports``: a port in use (09b).
 
 The rank environment (:func:`setup`, :func:`read_rank_env`) comes from
 :mod:`multigpu.runtime.rank`, the launchers from :mod:`multigpu.runtime.launch`;
@@ -29,11 +30,22 @@ and https://github.com/pytorch/pytorch/blob/main/torch/utils/data/distributed.py
 """
 
 from multigpu.ddp.accumulation import ACCUMULATIONS, LR_SCALINGS, accumulate, scaled_lr
-from multigpu.ddp.checkpoints import resume, save_on_main
+from multigpu.ddp.agreement import (
+    WeightsDifferError,
+    check_same_weights,
+    tensor_digests,
+    weights_disagreement,
+)
+from multigpu.ddp.checkpoints import (
+    changed_setting,
+    optimizer_settings,
+    resume,
+    save_on_main,
+)
 from multigpu.ddp.cli import build_model, parse_args
 from multigpu.ddp.evaluation import evaluate_distributed, evaluate_padded
 from multigpu.ddp.loader import distributed_loader, exact_shard, sampler_shards
-from multigpu.ddp.loop import train_ddp_loop
+from multigpu.ddp.loop import Interrupted, train_ddp_loop
 from multigpu.ddp.ports import eaddrinuse_lines, torchrun_on_port
 from multigpu.ddp.wrapper import wrap
 from multigpu.runtime.launch import (  # the launchers, as taught in 09
@@ -63,6 +75,7 @@ __all__ = [
     "ACCUMULATIONS",
     "COMMAND",
     "DEFAULT_DEADLINE_S",
+    "Interrupted",
     "ENV_NAMES",
     "LR_SCALINGS",
     "TABLE_NAMES",
@@ -70,8 +83,11 @@ __all__ = [
     "NotLaunchedByTorchrunError",
     "RankEnv",
     "TorchrunError",
+    "WeightsDifferError",
     "accumulate",
     "build_model",
+    "changed_setting",
+    "check_same_weights",
     "distributed_loader",
     "eaddrinuse_lines",
     "evaluate_distributed",
@@ -80,6 +96,7 @@ __all__ = [
     "exit_rank",
     "in_one_launch",
     "is_main_process",
+    "optimizer_settings",
     "parse_args",
     "rank_device",
     "rank_table",
@@ -91,8 +108,10 @@ __all__ = [
     "save_on_main",
     "scaled_lr",
     "setup",
+    "tensor_digests",
     "spawn",
     "torchrun_on_port",
     "train_ddp_loop",
+    "weights_disagreement",
     "wrap",
 ]

@@ -15,13 +15,21 @@ start without it, giving this command) (11)::
 Errors are one line: a wrong option stops every rank before the process group
 starts (rank 0 prints ``...: error: <what to fix>``, exit status 2); a rank that
 fails while it trains prints ``rank R: <its error>`` and exits with status 1, before
-torchrun's summary. ``--timeout SECONDS`` (default 60) bounds every collective: a
-hung rank makes its peers fail after that long instead of gloo's 30 minutes (11).
+torchrun's summary. A snapshot folder that another live run holds, or that was
+written with other settings (``--lr`` and ``--momentum`` included), is refused in
+one line too (status 2); a finished run started again says so and trains nothing.
+Ranks that end with different weights, or weights that are not finite, fail with
+one line naming the first tensor concerned (status 1). Ctrl-C ends every rank with
+one line from rank 0, ``interrupted at step N; the last snapshot is step M, ...``
+(status 130). ``--timeout SECONDS`` (default 60, from 1 to a week) bounds every
+collective: a hung rank makes its peers fail after that long instead of gloo's 30
+minutes (11).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import timedelta
 
@@ -30,10 +38,19 @@ import torch.distributed as dist
 
 from multigpu.core.devices import choose_backend
 from multigpu.core.sharding import per_rank_batch_size
-from multigpu.core.train import TrainConfig
+from multigpu.core.train import History, TrainConfig
 from multigpu.ddp.accumulation import scaled_lr
-from multigpu.ddp.cli import build_model, check_restarts, check_run, parse_args
-from multigpu.ddp.loop import train_ddp_loop
+from multigpu.ddp.agreement import AGREE, WeightsDifferError, check_same_weights
+from multigpu.ddp.cli import (
+    build_model,
+    check_backend,
+    check_restarts,
+    check_run,
+    parse_args,
+    speaks_for_the_run,
+)
+from multigpu.ddp.loop import Interrupted, train_ddp_loop
+from multigpu.runtime.checkpoint import CheckpointMismatchError
 from multigpu.runtime.launch import exit_rank
 from multigpu.runtime.rank import (
     TABLE_NAMES,
@@ -44,6 +61,7 @@ from multigpu.runtime.rank import (
     read_rank_env,
     setup,
 )
+from multigpu.snapshot import SnapshotInUseError, SnapshotMismatchError
 
 Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -51,8 +69,22 @@ Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 def main(argv: list[str] | None = None) -> int:
     """The torchrun entry point: train, print one line per epoch on rank 0 (09).
 
-    Returns the exit status: 0, 2 for a usage error (before the process group
-    starts), 1 for a rank that failed while it trained (its error in one line)."""
+    Returns the exit status: 0; 2 for a usage error (before the process group
+    starts) or a snapshot folder this run may not use (in use by another run, or
+    written with other settings); 1 for a rank that failed while it trained (its
+    error in one line) or ranks that ended with different weights; 130 for Ctrl-C,
+    after rank 0 has said where the run stood (one line, no traceback) (11)."""
+    finished: list[History] = []
+    try:
+        return _main(argv, finished)
+    except KeyboardInterrupt as interrupt:  # torchrun passes Ctrl-C on to every rank
+        if os.environ.get("RANK", "0") == "0":
+            print(_interrupted_line(interrupt, finished), file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv: list[str] | None, finished: list[History]) -> int:
+    """:func:`main`, which appends the History to ``finished`` once trained."""
     args = parse_args(argv)
     try:
         env = read_rank_env()
@@ -60,22 +92,53 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     check_restarts(argv)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    check_backend(args.backend, local_world_size, torch.cuda.device_count())
     data = _load_data(args)
     check_run(args, env.world_size, len(data[0]), _epoch_steps(args, env, data))
     try:
         env, device = join_group(args.backend, args.timeout)
-        _train(args, env, device, data)
+        finished.append(_train(args, env, device, data))
+        check_same_weights(finished[-1].parameters)
+        if env.rank == 0:
+            print(AGREE, flush=True)
     except NotEnoughGPUsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except REFUSALS as error:  # every rank raises the same: rank 0 says it once
+        if speaks_for_the_run():
+            print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
+        return 2
+    except WeightsDifferError as error:  # every rank knows; rank 0 says it
+        if env.rank == 0:
+            print(str(error), file=sys.stderr, flush=True)
+        return 1
     except Exception as error:  # one line, not a traceback per rank (11)
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"rank {env.rank}: {message}", file=sys.stderr, flush=True)
+        print(f"rank {env.rank}: {_one_line(error)}", file=sys.stderr, flush=True)
         return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+# Refusals every rank reaches alike (the snapshot and the options are the same on
+# every rank; the folder's lock is rank 0's, told to all): printed once.
+REFUSALS = (SnapshotInUseError, SnapshotMismatchError, CheckpointMismatchError)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _interrupted_line(interrupt: KeyboardInterrupt, finished: list[History]) -> str:
+    """What rank 0 prints for Ctrl-C: the loop's :class:`Interrupted` line, or
+    when it came before or after the training loop."""
+    if isinstance(interrupt, Interrupted):
+        return str(interrupt)
+    if finished:
+        return "interrupted after training, while the ranks compared their weights"
+    return "interrupted before this run trained a step"
 
 
 def join_group(backend: str, timeout: float) -> tuple[RankEnv, torch.device]:
@@ -115,8 +178,8 @@ def _epoch_steps(args: argparse.Namespace, env: RankEnv, data: Data) -> int:
 
 def _train(
     args: argparse.Namespace, env: RankEnv, device: torch.device, data: Data
-) -> None:
-    """Train as the options say, and check on rank 0 that the ranks agree."""
+) -> History:
+    """Train as the options say; this rank's History."""
     from multigpu.core.reproducibility import set_seed
 
     X, y, X_test, y_test = data
@@ -146,7 +209,7 @@ def _train(
             for row in table:
                 print(" | ".join(row[name] for name in TABLE_NAMES), flush=True)
     if args.snapshot is not None:  # notebook 11: snapshots and restarts
-        from multigpu.snapshot import Fault, train_with_snapshots
+        from multigpu.snapshot import Fault, train_with_snapshots  # (11)
 
         fault = None
         if args.kill_rank is not None:
@@ -180,13 +243,7 @@ def _train(
             progress=args.progress,
             log=lambda line: print(line, flush=True),
         )
-    weights = torch.cat([t.flatten().double() for t in history.parameters.values()])
-    same = torch.stack([weights.sum(), weights.abs().sum()])
-    gathered = [torch.zeros_like(same) for _ in range(env.world_size)]
-    dist.all_gather(gathered, same)
-    if env.rank == 0:
-        agree = all(torch.equal(g, gathered[0]) for g in gathered)
-        print(f"every rank holds the same weights: {agree}", flush=True)
+    return history
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 A wrong option stops the script before its process group starts, with one line
 (``error: ...``, exit status 2) from rank 0 only: :func:`parse_args` checks what the
 options alone decide, :func:`check_run` what needs the number of ranks and samples,
-:func:`check_restarts` what torchrun's restarts need (11).
+:func:`check_restarts` what torchrun's restarts need (11), :func:`check_backend`
+what the node's GPUs allow. An option that only another one gives a meaning to
+(``--step-delay`` without ``--snapshot``) is refused, not ignored.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -24,13 +25,19 @@ from multigpu.core.checks import check_number, check_positive_int
 from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import TrainConfig
 from multigpu.ddp.accumulation import LR_SCALINGS
+from multigpu.ddp.script_checks import (
+    MAX_STEP_DELAY_S,
+    TIMEOUT_RANGE_S,
+    backend_problem,
+    check_writable,
+)
 
 # torchrun's agent reads it before it starts the ranks: with "1", every round of
 # ranks gets a TCP store of its own instead of sharing the rendezvous' (11).
 OWN_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 DEFAULT_TIMEOUT_S = 60.0  # a hung rank is noticed in a minute, not gloo's 30
-PROBE_BYTES = 64 * 1024  # written and removed to check a folder takes files
 PROG = "torchrun --standalone --nproc-per-node=N -m multigpu.ddp"
+SNAPSHOT_EVERY = 5  # --snapshot-every's default: a snapshot every 5 steps
 
 
 class ScriptParser(argparse.ArgumentParser):
@@ -109,7 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder for snapshots: rank 0 writes DIR/snapshot.pt every "
         "--snapshot-every steps, and every rank resumes from it at start",
     )
-    parser.add_argument("--snapshot-every", type=int, default=5, metavar="K")
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"with --snapshot: a snapshot every K steps (default {SNAPSHOT_EVERY})",
+    )
     parser.add_argument(
         "--kill-rank",
         type=int,
@@ -129,7 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="sleep after every step, to leave time to kill a rank from outside",
+        help="with --snapshot: sleep after every step, to leave time to kill a "
+        "rank from outside",
     )
     parser.add_argument(
         "--samples",
@@ -181,7 +195,18 @@ def _check_values(args: argparse.Namespace) -> None:
     check_number(
         "--timeout", args.timeout, f"Pass e.g. --timeout {DEFAULT_TIMEOUT_S:g}."
     )
+    low, high = TIMEOUT_RANGE_S
+    if not low <= args.timeout <= high:
+        raise ValueError(
+            f"--timeout must be from {low:g} to {high:g} seconds (a week), got "
+            f"{args.timeout:g}. Pass e.g. --timeout {DEFAULT_TIMEOUT_S:g}."
+        )
     check_number("--step-delay", args.step_delay, "Pass 0 for none.", allow_zero=True)
+    if args.step_delay > MAX_STEP_DELAY_S:
+        raise ValueError(
+            f"--step-delay must be from 0 to {MAX_STEP_DELAY_S:g} seconds, got "
+            f"{args.step_delay:g}. Pass e.g. --step-delay 0.1."
+        )
     for option, value, what in (
         ("--kill-rank", args.kill_rank, "the rank that dies, from 0"),
         ("--kill-at-step", args.kill_at_step, "the steps done before it dies"),
@@ -199,31 +224,6 @@ def _check_values(args: argparse.Namespace) -> None:
         check_writable("--snapshot", args.snapshot, Path(args.snapshot).absolute())
 
 
-def check_writable(option: str, value: str, folder: Path) -> None:
-    """Raise ``ValueError`` unless a file can be written in ``folder`` (or in the
-    nearest folder above it that exists, where the run will create it): a file of
-    :data:`PROBE_BYTES` is created, written to disk and removed, so that a
-    read-only or full file system is found now, not at the first save (11)."""
-    fix = f"Pass a {option} path in a folder you can write to, with space left."
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{option} {value}: {existing} is a file, not a folder. {fix}")
-    if option == "--checkpoint" and Path(value).is_dir():
-        raise ValueError(f"{option} {value} is a folder; pass a file name. {fix}")
-    try:
-        with tempfile.TemporaryFile(dir=existing) as probe:
-            probe.write(bytes(PROBE_BYTES))
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as error:
-        reason = (error.strerror or type(error).__name__).lower()
-        raise ValueError(
-            f"{option} {value}: cannot write a file in {existing} ({reason}). {fix}"
-        ) from None
-
-
 def _check_snapshot_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> None:
@@ -238,7 +238,29 @@ def _check_snapshot_args(
             "--kill-rank needs --snapshot DIR: the folder records that the fault "
             "fired, so that it fires once. Add --snapshot DIR."
         )
+    if args.snapshot is None:
+        for option, used, what in (
+            ("--step-delay", args.step_delay > 0, "slows the snapshot loop down"),
+            (
+                "--snapshot-every",
+                args.snapshot_every is not None,
+                "is how often the snapshot loop saves",
+            ),
+        ):
+            if used:
+                parser.error(
+                    f"{option} needs --snapshot DIR: it {what}, which runs only with "
+                    f"a snapshot folder. Add --snapshot DIR, or leave {option} out."
+                )
+        if args.resume and args.checkpoint is None:
+            parser.error(
+                "--resume needs --checkpoint FILE: the file it resumes from (and "
+                "saves to after every epoch). Add --checkpoint FILE, or leave "
+                "--resume out."
+            )
     if args.snapshot is not None:
+        if args.snapshot_every is None:
+            args.snapshot_every = SNAPSHOT_EVERY
         unsupported = [
             name
             for name, used in (
@@ -347,6 +369,15 @@ def check_restarts(
         f"{OWN_STORE_VARIABLE}=1 torchrun {nodes} --max-restarts={restarts} "
         f"-m multigpu.ddp {script}".rstrip()
     )
+
+
+def check_backend(backend: str, local_world_size: int, gpus: int) -> None:
+    """Stop the script (one line, exit status 2) if ``--backend`` needs more GPUs
+    than this node's ``gpus`` for its ``local_world_size`` ranks
+    (:func:`~multigpu.ddp.script_checks.backend_problem`) (09)."""
+    problem = backend_problem(backend, local_world_size, gpus)
+    if problem is not None:
+        refuse(problem)
 
 
 def build_model(sync_bn: bool, device: torch.device) -> nn.Module:

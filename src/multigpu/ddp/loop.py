@@ -27,6 +27,12 @@ from multigpu.runtime.checkpoint import unwrap
 from multigpu.runtime.rank import rank_device, reduce_value
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) while a loop trained. Its text says where the run stood and
+    what a rerun resumes from, in one line: the torchrun script prints it on rank 0
+    instead of a traceback on every rank (11)."""
+
+
 def train_ddp_loop(
     model: nn.Module,
     X: torch.Tensor,
@@ -96,52 +102,79 @@ def train_ddp_loop(
     start_epoch = 0
     if checkpoint is not None and resume_from_checkpoint:
         start_epoch = resume(checkpoint, model, optimizer, device)
-        if main and log and start_epoch:
+        if main and log and start_epoch >= config.epochs:
+            log(
+                f"the run is already complete: {os.path.basename(checkpoint)} is of "
+                f"epoch {start_epoch}, and this run asks for {config.epochs} "
+                "epoch(s), so there is nothing to train. Use a new checkpoint file "
+                "to train again, or more epochs to train on."
+            )
+        elif main and log and start_epoch:
             log(f"resumed from the checkpoint of epoch {start_epoch}")
     history = History(rank=rank, world_size=world_size)
     last_epoch = config.epochs
     if stop_after_epochs is not None:
         last_epoch = min(last_epoch, start_epoch + stop_after_epochs)
-    for epoch in range(start_epoch, last_epoch):
-        start = time.perf_counter()
-        if set_epoch:
-            loader.sampler.set_epoch(epoch)  # a new shuffle every epoch
-        model.train()
-        losses = []
-        batches = tqdm(
-            loader,
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=not (progress and main),
-            bar_format=BAR_FORMAT,
-            file=sys.stderr,
-            mininterval=0.5,
-        )
-        for xb, yb in batches:  # (per_rank, C, H, W), (per_rank,)
-            xb, yb = xb.to(device), yb.to(device)
-            optimizer.zero_grad()
-            micro = list(zip(xb.chunk(accumulation), yb.chunk(accumulation)))
-            loss = accumulate(model, micro, how, amp, scaler)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            losses.append(loss)
-        batches.close()
-        mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
-        history.step_loss.extend(losses)
-        history.train_loss.append(reduce_value(mean).item())  # over all ranks
-        line = f"epoch {epoch + 1}/{config.epochs}: "
-        line += f"train loss {history.train_loss[-1]:.4f}"
-        if X_test is not None and y_test is not None:
-            test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
-            history.test_loss.append(test_loss)
-            history.test_accuracy.append(accuracy)
-            line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
-        if checkpoint is not None:
-            save_on_main(checkpoint, model, optimizer, epoch + 1, config=config)
-        history.seconds.append(time.perf_counter() - start)
-        if main and log:
-            log(line)
+    steps, saved = start_epoch * len(loader), start_epoch or None  # for a Ctrl-C
+    epoch = start_epoch
+    try:
+        for epoch in range(start_epoch, last_epoch):
+            start = time.perf_counter()
+            if set_epoch:
+                loader.sampler.set_epoch(epoch)  # a new shuffle every epoch
+            model.train()
+            losses = []
+            batches = tqdm(
+                loader,
+                desc=f"epoch {epoch + 1}/{config.epochs}",
+                disable=not (progress and main),
+                bar_format=BAR_FORMAT,
+                file=sys.stderr,
+                mininterval=0.5,
+            )
+            for xb, yb in batches:  # (per_rank, C, H, W), (per_rank,)
+                xb, yb = xb.to(device), yb.to(device)
+                optimizer.zero_grad()
+                micro = list(zip(xb.chunk(accumulation), yb.chunk(accumulation)))
+                loss = accumulate(model, micro, how, amp, scaler)
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                losses.append(loss)
+                steps += 1
+            batches.close()
+            mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
+            history.step_loss.extend(losses)
+            history.train_loss.append(reduce_value(mean).item())  # over all ranks
+            line = f"epoch {epoch + 1}/{config.epochs}: "
+            line += f"train loss {history.train_loss[-1]:.4f}"
+            if X_test is not None and y_test is not None:
+                test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
+                history.test_loss.append(test_loss)
+                history.test_accuracy.append(accuracy)
+                line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
+            if checkpoint is not None:
+                save_on_main(checkpoint, model, optimizer, epoch + 1, config=config)
+                saved = epoch + 1
+            history.seconds.append(time.perf_counter() - start)
+            if main and log:
+                log(line)
+    except KeyboardInterrupt:  # Ctrl-C: one line for the script, not a traceback
+        where = f"interrupted at step {steps} (epoch {epoch + 1} of {config.epochs})"
+        raise Interrupted(where + _kept(checkpoint, saved)) from None
     history.parameters = cpu_state_dict(unwrap(model))
     return history
+
+
+def _kept(checkpoint: str | os.PathLike | None, saved: int | None) -> str:
+    """What an interrupted run keeps, for :class:`Interrupted`'s line (09b, 11)."""
+    if checkpoint is None:
+        return "; nothing was saved (no checkpoint file)"
+    if saved is None:
+        return "; no checkpoint was saved yet (one is saved after every epoch)"
+    return (
+        f"; the last checkpoint, {os.path.basename(checkpoint)}, is of epoch "
+        f"{saved}, which a rerun that resumes (--resume) goes on from"
+    )

@@ -26,7 +26,8 @@ under torchrun::
 ``--kill-rank R --kill-at-step S``: rank R kills itself with SIGKILL after step S
 (counted from 1), once (:class:`Fault`; a file in the folder remembers it). Ranks
 note failures, deaths and resumes in ``DIR/events.jsonl`` (:func:`record_event`);
-:func:`restart_figures` computes the restart's duration and the steps lost.
+:func:`restart_figures` computes the restart's duration and the steps lost. Rank 0 holds
+``DIR/run.lock`` while it trains, so a second live run there is refused (:mod:`.lock`).
 """
 
 from multigpu.snapshot.events import (
@@ -43,20 +44,32 @@ from multigpu.snapshot.files import (
     save_snapshot,
 )
 from multigpu.snapshot.injection import Fault, fire
+from multigpu.snapshot.lock import (
+    LOCK_FILE,
+    FolderLock,
+    SnapshotInUseError,
+    describe_owner,
+    lock_folder,
+)
 from multigpu.snapshot.loop import train_with_snapshots
 from multigpu.snapshot.rng import rng_state, set_rng_state
 from multigpu.snapshot.sampler import Position, ResumableSampler
 
 __all__ = [
     "EVENTS_FILE",
+    "LOCK_FILE",
     "RESTART_COUNT",
     "SNAPSHOT_FILE",
     "Fault",
+    "FolderLock",
     "Position",
     "ResumableSampler",
+    "SnapshotInUseError",
     "SnapshotMismatchError",
+    "describe_owner",
     "fire",
     "load_snapshot",
+    "lock_folder",
     "read_events",
     "record_event",
     "restart_figures",

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from multigpu.ddp.checkpoints import changed_setting, optimizer_settings
 from multigpu.runtime.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -24,7 +25,8 @@ SNAPSHOT_FILE = "snapshot.pt"  # the snapshot's name inside its folder
 
 class SnapshotMismatchError(CheckpointError):
     """A snapshot written by a run that does not fit this one: another number of
-    ranks, sampler seed, number of samples or global batch (11)."""
+    ranks, sampler seed, number of samples, global batch, or optimizer settings
+    (``lr``, ``momentum``) (11)."""
 
 
 def save_snapshot(
@@ -82,25 +84,34 @@ def load_snapshot(
 
     A snapshot from another number of ranks, sampler seed, number of samples or
     ``global_batch`` raises :class:`SnapshotMismatchError`: its sample order would
-    not continue this run's. A setting the snapshot or this call leaves out (None,
-    or a snapshot saved before it was recorded) is not compared.
+    not continue this run's. So does one whose optimizer had another ``lr`` or
+    ``momentum`` than ``optimizer`` (loading its state would silently put the saved
+    values back). A setting the snapshot or this call leaves out (None, or a
+    snapshot saved before it was recorded) is not compared.
     """
     if not Path(path).exists():
         return Position(), {}
+    asked = optimizer_settings(optimizer)
     snapshot = load_checkpoint(path, model, optimizer, map_location=device)
     saved, here = snapshot["sampler"], sampler.state_dict()
-    for meaning, before, now in (
-        ("ranks", saved["num_replicas"], here["num_replicas"]),
-        ("sampler seed", saved["seed"], here["seed"]),
-        ("number of samples", snapshot.get("samples"), len(sampler.dataset)),
-        ("global batch", snapshot.get("global_batch"), global_batch),
-    ):
+    order = "its sample order would not continue this one"
+    settings = [
+        ("ranks", saved["num_replicas"], here["num_replicas"], order),
+        ("sampler seed", saved["seed"], here["seed"], order),
+        ("number of samples", snapshot.get("samples"), len(sampler.dataset), order),
+        ("global batch", snapshot.get("global_batch"), global_batch, order),
+    ]
+    changed = changed_setting(asked, optimizer_settings(optimizer))
+    if changed is not None:  # load_state_dict put back the saved lr or momentum
+        name, before, now = changed
+        why = f"the resumed run would train with {before}, not {now}"
+        settings.append((f"optimizer's {name}", before, now, why))
+    for meaning, before, now, why in settings:
         if before is not None and now is not None and before != now:
             raise SnapshotMismatchError(
                 f"{Path(path).name} was written by a run with {before} as its "
-                f"{meaning}, and this run has {now}, so its sample order would "
-                f"not continue this one. Resume with the same {meaning}, or start "
-                "afresh in a new snapshot folder."
+                f"{meaning}, and this run has {now}, so {why}. Resume with the "
+                f"same {meaning}, or start afresh in a new snapshot folder."
             )
     rank = dist.get_rank() if dist.is_initialized() else 0
     mine = dict(snapshot["ranks"][rank])

@@ -404,3 +404,24 @@ def test_weights_that_are_not_finite_fail_in_one_line(script):
         "every rank holds the same weights: True, but they are not finite (nan or "
         "inf, first in "
     )
+
+
+def test_a_run_whose_ranks_disagreed_fails_again_when_resumed(script, tmp_path):
+    """torchrun restarts a round that failed the weights check; the restart finds
+    the run complete and loads one snapshot everywhere, so it would agree: the
+    first round's failure, noted in the folder, makes it fail again."""
+    from multigpu.snapshot import read_events, record_event
+
+    code, _, err = script("--snapshot", "nan", "--lr", "1e30", "--epochs", "2")
+    assert code == 1 and len(err) == 1
+    noted = [e for e in read_events(tmp_path / "nan") if e["event"] == "weights differ"]
+    assert [e["message"] for e in noted] == err
+    assert script("--snapshot", "s")[0] == 0  # a good run, then an earlier failure
+    line = "every rank holds the same weights: False: w differs between rank 0"
+    record_event(tmp_path / "s", "weights differ", message=line)
+    code, out, err = script("--snapshot", "s")
+    assert code == 1 and out[1].startswith("restart 0: the run is already complete")
+    assert err == [
+        f"{line} (found at the end of an earlier round of the run in s, whose "
+        "snapshot this one resumed: start afresh in a new snapshot folder)"
+    ]

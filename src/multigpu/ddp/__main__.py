@@ -61,7 +61,12 @@ from multigpu.runtime.rank import (
     read_rank_env,
     setup,
 )
-from multigpu.snapshot import SnapshotInUseError, SnapshotMismatchError
+from multigpu.snapshot import (
+    SnapshotInUseError,
+    SnapshotMismatchError,
+    read_events,
+    record_event,
+)
 
 Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -99,7 +104,7 @@ def _main(argv: list[str] | None, finished: list[History]) -> int:
     try:
         env, device = join_group(args.backend, args.timeout)
         finished.append(_train(args, env, device, data))
-        check_same_weights(finished[-1].parameters)
+        _check_agreement(args.snapshot, env.rank, finished[-1].parameters)
         if env.rank == 0:
             print(AGREE, flush=True)
     except NotEnoughGPUsError as error:
@@ -120,6 +125,32 @@ def _main(argv: list[str] | None, finished: list[History]) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+# The event a round whose ranks ended with different (or non-finite) weights leaves
+# in the snapshot folder: torchrun restarts the failed round, and the restart, which
+# finds the run complete and loads one snapshot on every rank, must fail again.
+WEIGHTS_DIFFER = "weights differ"
+
+
+def _check_agreement(folder: str | None, rank: int, parameters: dict) -> None:
+    """:func:`check_same_weights`; with a snapshot folder, also fail if an earlier
+    round of the run in that folder ended with weights that differ (11)."""
+    try:
+        check_same_weights(parameters)
+    except WeightsDifferError as error:
+        if folder is not None and rank == 0:
+            record_event(folder, WEIGHTS_DIFFER, message=str(error))
+        raise
+    if folder is None:
+        return
+    earlier = [e for e in read_events(folder) if e["event"] == WEIGHTS_DIFFER]
+    if earlier:
+        raise WeightsDifferError(
+            f"{earlier[-1]['message']} (found at the end of an earlier round of the "
+            f"run in {folder}, whose snapshot this one resumed: start afresh in a new "
+            "snapshot folder)"
+        )
 
 
 # Refusals every rank reaches alike (the snapshot and the options are the same on

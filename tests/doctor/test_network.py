@@ -1,7 +1,11 @@
 """Host name, ports and USE_LIBUV, each failure simulated."""
 
+import errno
 import os
+import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +17,9 @@ from multigpu.doctor.network import (
     interface_names,
     libuv_supported,
     listen_error,
+    local_addr_fix,
+    loopback_error,
+    torchrun_name_problem,
 )
 from multigpu.doctor.result import FAIL, OK, WARN
 
@@ -29,22 +36,70 @@ WINDOWS_FIX = "run the course in WSL 2 (docs/instructors.md, 'Windows: use WSL 2
 
 @pytest.fixture
 def unresolvable(monkeypatch):
-    """Name resolution fails, as for a macOS ``.local`` name."""
+    """This machine's name does not resolve (a macOS ``.local`` name): name
+    resolution fails, and the fully qualified name is the bare name."""
 
-    def getaddrinfo(*args, **kwargs):
+    def getaddrinfo(host, *args, **kwargs):
+        if host in ("127.0.0.1", "localhost"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
         raise socket.gaierror(8, "nodename nor servname provided, or not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "MacBook-Pro.local")
+
+
+def torchrun_fine():
+    """torchrun's ranks meet at a name that resolves here (only gloo's does not)."""
+    return None
+
+
+@pytest.mark.parametrize("platform", ["darwin", "linux", "win32"])
+def test_a_host_name_that_does_not_resolve_fails_with_torchruns_local_addr(
+    unresolvable, platform
+):
+    result = check_host_name(platform, env={}, host="MacBook-Pro.local")
+    assert result.status == FAIL
+    assert result.measured == (
+        "torchrun --standalone tells its ranks to meet at 'MacBook-Pro.local', which "
+        "does not resolve ([Errno 8] nodename nor servname provided, or not known): "
+        "its jobs cannot start (the notebooks' torchrun ones too)"
+    )
+    assert result.fix == local_addr_fix(platform)
+    assert "GLOO_SOCKET_IFNAME" not in result.fix  # no help to torchrun
+    export = "export PET_LOCAL_ADDR=127.0.0.1"
+    if platform == "win32":
+        export = "$env:PET_LOCAL_ADDR = '127.0.0.1'"
+    assert result.fix.startswith(f"`{export}` (torchrun's --local-addr=127.0.0.1")
+    # with the fix set, torchrun's name no longer matters; gloo's still warns
+    done = check_host_name(platform, {"PET_LOCAL_ADDR": "127.0.0.1"}, "box")
+    assert done.status == WARN
+    assert done.measured.startswith("'box' does not resolve")
+
+
+def test_torchrun_meets_at_the_fully_qualified_name_or_its_local_addr(monkeypatch):
+    def far_away(*args, **kwargs):  # TEST-NET-3: no interface of ours has it
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("203.0.113.7", 0))]
+
+    assert torchrun_name_problem({}, lambda: "localhost") is None
+    monkeypatch.setattr(socket, "getaddrinfo", far_away)
+    assert torchrun_name_problem({}, lambda: "box.example") == (
+        "'box.example', which resolves to no address of this machine"
+    )
+    assert torchrun_name_problem({"PET_LOCAL_ADDR": "10.9.9.9"}) == (
+        "'10.9.9.9', which resolves to no address of this machine"
+    )
 
 
 @pytest.mark.parametrize(
     "platform, fix",
     [("darwin", MACOS_FIX), ("linux", LINUX_FIX), ("win32", WINDOWS_FIX)],
 )
-def test_a_host_name_that_does_not_resolve_warns_with_gloo_socket_ifname(
+def test_a_gloo_host_name_that_does_not_resolve_warns_with_gloo_socket_ifname(
     unresolvable, platform, fix
 ):
-    result = check_host_name(platform, env={}, host="MacBook-Pro.local")
+    result = check_host_name(
+        platform, env={}, host="MacBook-Pro.local", torchrun_problem=torchrun_fine
+    )
     assert result.status == WARN
     assert result.measured.startswith(
         "'MacBook-Pro.local' does not resolve ([Errno 8] nodename nor servname"
@@ -53,18 +108,21 @@ def test_a_host_name_that_does_not_resolve_warns_with_gloo_socket_ifname(
 
 
 def test_on_macos_the_warning_says_the_notebooks_set_it_themselves(unresolvable):
-    result = check_host_name("darwin", env={}, host="mac.local")
+    result = check_host_name(
+        "darwin", env={}, host="mac.local", torchrun_problem=torchrun_fine
+    )
     assert result.measured.endswith(
         ": the notebooks' launchers set GLOO_SOCKET_IFNAME=lo0 themselves"
     )
-    result = check_host_name("linux", env={}, host="box")
+    result = check_host_name("linux", {}, "box", torchrun_problem=torchrun_fine)
     assert result.measured.endswith(": gloo falls back to 127.0.0.1 with a warning")
 
 
 def test_gloo_socket_ifname_set_to_an_interface_makes_the_name_irrelevant(
     unresolvable,
 ):
-    result = check_host_name("linux", env={"GLOO_SOCKET_IFNAME": "lo"}, host="box")
+    env = {"GLOO_SOCKET_IFNAME": "lo", "PET_LOCAL_ADDR": "127.0.0.1"}
+    result = check_host_name("linux", env=env, host="box")
     assert result.status == OK
     assert result.measured.startswith("GLOO_SOCKET_IFNAME=lo: gloo binds there ('box'")
 
@@ -86,7 +144,7 @@ def test_a_name_that_resolves_to_another_machine_warns(monkeypatch):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("203.0.113.7", 0))]
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    result = check_host_name("linux", env={}, host="box")
+    result = check_host_name("linux", {}, "box", torchrun_problem=torchrun_fine)
     assert result.status == WARN
     assert result.measured.startswith(
         "'box' resolves to no address this machine can bind"
@@ -151,6 +209,73 @@ def test_no_free_port_at_all_fails():
     assert result.fix == (
         "let Python listen on 127.0.0.1 in your firewall or security software"
     )
+
+
+@pytest.mark.parametrize(
+    "platform, command", [("linux", "ip link set lo up"), ("darwin", "ifconfig lo0 up")]
+)
+def test_a_loopback_interface_that_is_down_fails_ports_with_how_to_bring_it_up(
+    platform, command
+):
+    def down():  # what a connection to 127.0.0.1 gets when lo is down
+        return OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    result = check_ports(connect=down, platform=platform)
+    assert result.status == FAIL
+    assert result.measured == (
+        "nothing can connect to 127.0.0.1: a connection to a listening port failed "
+        "([Errno 101] Network is unreachable), and every rank connects there"
+    )
+    name = command.split()[-2] if platform == "darwin" else "lo"
+    assert result.fix == f"bring the loopback interface {name} up: `sudo {command}`"
+
+
+def test_a_firewall_that_drops_connections_to_127_0_0_1_fails_ports():
+    result = check_ports(connect=lambda: TimeoutError("timed out"), platform="linux")
+    assert result.status == FAIL
+    assert "(timed out)" in result.measured
+    assert result.fix == (
+        "let Python connect to 127.0.0.1 in your firewall or security software"
+    )
+
+
+def test_here_a_byte_goes_through_a_connection_to_127_0_0_1():
+    assert loopback_error() is None
+
+
+@pytest.mark.skipif(
+    not (shutil.which("unshare") and shutil.which("ip")),
+    reason="needs util-linux's unshare and iproute2's ip",
+)
+def test_the_printed_fix_brings_a_loopback_that_is_really_down_up(tmp_path):
+    """In a network namespace of its own (its loopback starts down; nothing of this
+    machine changes), the check fails, the command it prints is run (as root of
+    the namespace: no sudo), and the check passes."""
+    check = (
+        f"{sys.executable} -c 'from multigpu.doctor.network import check_ports; "
+        "r = check_ports(); print(r.status); print(r.fix)'"
+    )
+    script = tmp_path / "fix.sh"
+    script.write_text(
+        f"{check} > before.txt\n"
+        "sh -c \"$(sed -n 's/.*`sudo \\(.*\\)`.*/\\1/p' before.txt)\"\n"
+        f"{check}\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--map-root-user", "--net", "sh", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if not (tmp_path / "before.txt").exists():  # not allowed here (containers)
+        pytest.skip(f"no network namespace here: {done.stderr.strip()}")
+    before = (tmp_path / "before.txt").read_text().splitlines()
+    assert before == [
+        FAIL,
+        "bring the loopback interface lo up: `sudo ip link set lo up`",
+    ]
+    assert done.stdout.splitlines()[0] == OK, done.stdout + done.stderr
 
 
 def test_use_libuv_is_reported_on_windows_only():

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from multigpu.doctor import report
 from multigpu.doctor.environment import project_root
@@ -78,11 +79,13 @@ def test_json_holds_every_result_and_the_summary(monkeypatch):
     assert record["summary"].startswith("multigpu doctor: 1 ✓ 1 ✗ 0 warnings | ")
 
 
-def run_doctor(*options, encoding="utf-8", command=None):
+def run_doctor(*options, encoding="utf-8", command=None, path=None):
     """``python -m multigpu.doctor`` (or ``command``) from a plain shell in the
-    repository."""
+    repository (with ``path`` first on PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PYTHONIOENCODING"] = encoding
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
     start = time.monotonic()
     done = subprocess.run(
         command or [sys.executable, "-m", "multigpu.doctor", *options],
@@ -102,7 +105,7 @@ def check_names(lines):
     return [line[3:19].strip() for line in lines if line[:2].strip() in marks]
 
 
-def test_make_doctor_passes_here_within_30_s():
+def test_make_doctor_passes_here_within_45_s():
     done, seconds = run_doctor(command=["make", "--no-print-directory", "doctor"])
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
@@ -110,24 +113,88 @@ def test_make_doctor_passes_here_within_30_s():
     names = check_names(lines)
     assert names[:3] == ["Python", "packages", "Jupyter kernel"]
     assert names[-2:] == ["gloo launch", "torchrun"]
-    assert seconds < 30, f"the doctor took {seconds:.1f} s"
+    # 10-20 s alone on 2 cores (the README); `make test` runs other parts beside it
+    assert seconds < 45, f"the doctor took {seconds:.1f} s"
+
+
+class AsciiStream(io.StringIO):
+    encoding = "ascii"
 
 
 def test_quick_skips_the_launches_and_ascii_replaces_the_marks():
+    # the docstring's command, from a shell that cannot write the marks
     done, _ = run_doctor("--quick", encoding="ascii")
     assert done.returncode == 0, done.stdout + done.stderr
     names = check_names(done.stdout.splitlines())
-    assert names[:3] == ["Python", "packages", "Jupyter kernel"]
+    assert names[:4] == ["Python", "packages", "Jupyter kernel", "Jupyter folders"]
     assert names[-1] == "GPUs"  # no gloo launch, no torchrun
     assert "(--quick: launches skipped)" in done.stdout
     assert SUMMARY.fullmatch(done.stdout.strip().splitlines()[-1])
     assert done.stdout.isascii()
 
 
-def test_quick_json_from_a_shell_that_cannot_write_the_marks():
-    done, _ = run_doctor("--quick", "--json", encoding="ascii")
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_quick_json_where_numpy_is_broken_says_so_from_an_ascii_shell(tmp_path):
+    """A numpy that raises on import (a folder on PYTHONPATH) breaks torch too: the
+    JSON still comes out, whole, with the fix and the summary."""
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text("raise ImportError('simulated')")
+    done, _ = run_doctor("--quick", "--json", encoding="ascii", path=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.isascii()
     record = json.loads(done.stdout)
-    assert [r["name"] for r in record["results"]][:2] == ["Python", "packages"]
-    assert all(r["status"] != "fail" for r in record["results"])
-    assert SUMMARY.fullmatch(record["summary"]), record["summary"]
+    if record["log"]:  # what went to stderr meanwhile (none expected)
+        Path(record["log"]).unlink()
+    results = {r["name"]: r for r in record["results"]}
+    assert list(results)[:2] == ["Python", "packages"]
+    assert results["packages"]["status"] == "fail"
+    assert results["packages"]["measured"].startswith("torch, torchvision, numpy")
+    assert results["packages"]["measured"].endswith(
+        "do not import (ImportError: simulated)"
+    )
+    assert results["packages"]["fix"] == (
+        f"rename or move away {tmp_path / 'numpy'} (on PYTHONPATH): Python imports "
+        "it instead of the installed numpy"
+    )
+    assert results["GPUs"]["measured"].startswith("not checked: torch does not import")
+    assert re.fullmatch(
+        r"multigpu doctor: \d+ OK 2 XX \d+ warnings? \| .* \| torch \S+ "
+        r"\(does not import\) \| \d+ cores? \| GPUs unknown",
+        record["summary"],
+    ), record["summary"]
+
+
+def test_the_summary_comes_out_where_torch_does_not_import(monkeypatch):
+    monkeypatch.setattr(report, "QUICK_CHECKS", (lambda: ok("a", "1"),))
+    monkeypatch.setattr(report, "import_error", lambda name: "ImportError: numpy")
+    out = Utf8Stream()
+    assert main(["--quick"], out) == 0
+    assert re.search(
+        r"\| torch \S+ \(does not import\) \| \d+ cores? \| GPUs unknown$",
+        out.getvalue().strip(),
+    )
+
+
+def test_what_the_ranks_write_to_stderr_goes_to_a_log_the_report_names(
+    monkeypatch, capfd
+):
+    def flooding():  # c10d's warnings, written to file descriptor 2 as ranks do
+        os.write(2, b"[W socket.cpp:764] [c10d] The client socket has failed\n" * 150)
+        return ok("gloo launch", "2 ranks in 1.0 s")
+
+    monkeypatch.setattr(report, "QUICK_CHECKS", (flooding,))
+    out = Utf8Stream()
+    assert main(["--quick"], out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "✓  gloo launch      2 ranks in 1.0 s"
+    assert not any("c10d" in line for line in lines)
+    named = [line for line in lines if line.startswith("the checks' and ranks' ")]
+    assert len(named) == 1
+    log = Path(named[0].split(": ", 1)[1])
+    try:
+        assert log.read_text().count("[c10d]") == 150
+    finally:
+        log.unlink()
+    assert "c10d" not in capfd.readouterr().err
+    monkeypatch.setattr(report, "QUICK_CHECKS", (lambda: ok("a", "1"),))
+    main(["--quick", "--json"], out := Utf8Stream())
+    assert json.loads(out.getvalue())["log"] is None  # nothing written: no log

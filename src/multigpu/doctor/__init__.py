@@ -3,22 +3,25 @@
 Run it in the repository once ``make lab`` has set up ``.venv`` (``make doctor``)::
 
     .venv/bin/python -m multigpu.doctor                 # every check: 10-20 s
-    .venv/bin/python -m multigpu.doctor --quick         # no launches: 2-5 s
+    .venv/bin/python -m multigpu.doctor --quick         # no launches: 5-10 s
     .venv/bin/python -m multigpu.doctor --quick --json  # the results as JSON
 
 Each line is one check, ✓ (passed), ! (a warning: the course runs, slower or with
 a caveat) or ✗ (failed: something the notebooks need), with what it measured and,
-under it, the one thing to do. The checks: Python and the packages pinned in
-``constraints.txt``; the Jupyter kernel; free disk and memory; the CPU cores and the
-4-rank cells; the host name gloo resolves (``GLOO_SOCKET_IFNAME``); a free port and
-29500; ``USE_LIBUV`` (Windows only); CUDA GPUs and NCCL; gloo launches of 2 and 4
-ranks through :func:`multigpu.runtime.launch.spawn`; a 2-rank
-``torchrun --standalone`` job. The last line is a summary to paste into a chat. The
-exit status is 1 when a check failed, else 0.
+under it, the one thing to do, chosen after the cause is known. The checks: Python
+and the packages pinned in ``constraints.txt``, each imported in a child process;
+the Jupyter kernel; the folders JupyterLab writes; free disk and memory; the CPU
+cores; the host names torchrun and gloo resolve; a connection to 127.0.0.1, a free
+port and 29500; ``USE_LIBUV`` (Windows only); CUDA GPUs and NCCL; gloo launches of
+2 and 4 ranks through :func:`multigpu.runtime.launch.spawn`; a 2-rank
+``torchrun --standalone`` job. What the ranks write to stderr goes to a log file the
+report names. The last line is a summary to paste into a chat; it and ``--json``
+always come out. The exit status is 1 when a check failed, else 0.
 
 Files: ``result`` (one check's result and its printing), ``environment``,
-``machine``, ``network``, ``gpus``, ``launches`` (the checks), ``report`` (runs them
-in order; ``main``); the rank function is :mod:`multigpu.ranks.doctor`.
+``imports``, ``lab_folders``, ``machine``, ``network``, ``gpus``, ``launches`` (the
+checks), ``causes`` (why a launch failed), ``report`` (runs them in order; ``main``);
+the rank function is :mod:`multigpu.ranks.doctor`.
 """
 
 from multigpu.doctor.report import main, run_checks

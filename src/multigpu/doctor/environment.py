@@ -8,13 +8,20 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from multigpu.doctor.imports import (
+    NEEDED,
+    NEEDED_FOR_LAB,
+    ImportProblem,
+    broken_distributions,
+    import_problems,
+    shadow,
+)
 from multigpu.doctor.result import CheckResult, fail, ok, warn
 
 MINIMUM_PYTHON = (3, 11, 5)  # the pins in constraints.txt need it (README)
-# The packages the notebooks import, or JupyterLab needs to run them: missing, or
-# torch/torchvision at another major.minor, fails; another patch version warns.
-NEEDED = ("torch", "torchvision", "numpy", "matplotlib", "tqdm")
-NEEDED_FOR_LAB = ("jupyterlab", "ipykernel", "jupyter_client")
+# NEEDED (the packages the notebooks import) and NEEDED_FOR_LAB (what JupyterLab
+# needs to run them), from imports: missing, not importing, or torch/torchvision at
+# another major.minor, fails; another patch version warns.
 # Used by `make test` and by the doctor itself: missing or another version warns.
 USEFUL = ("nbval", "nbconvert", "psutil")
 SAME_MINOR = ("torch", "torchvision")
@@ -86,9 +93,14 @@ def _public(version: str) -> str:
 def check_packages(
     pins: Mapping[str, str] | None = None,
     version: Callable[[str], str | None] = installed_version,
+    imports: Callable[[], Mapping[str, ImportProblem]] = import_problems,
 ) -> CheckResult:
     """The packages that matter are installed at the versions of constraints.txt
-    (``pins``; default: the repository's file)."""
+    (``pins``; default: the repository's file), and each of them imports (in a
+    child process: ``imports``, see :mod:`multigpu.doctor.imports`)."""
+    broken = [p for p in imports().values() if version(p.name) is not None]
+    if broken:
+        return _import_failure(broken)
     if pins is None:
         path = project_root() / "constraints.txt"
         if not path.is_file():
@@ -120,6 +132,38 @@ def check_packages(
         "packages",
         f"{', '.join(seen[:2])} and {len(seen) - 2} more, as in constraints.txt",
     )
+
+
+def _import_failure(broken: list[ImportProblem]) -> CheckResult:
+    """``packages`` failing: which packages do not import, grouped by error, and
+    the fix for the first cause: a file that hides a package, else a reinstall."""
+    by_error: dict[str, list[str]] = {}
+    for problem in broken:
+        by_error.setdefault(problem.error, []).append(problem.name)
+    measured = "; ".join(
+        f"{_names(names)} {'does' if len(names) == 1 else 'do'} not import ({error})"
+        for error, names in by_error.items()
+    )
+    for problem in broken:
+        hiding = shadow(problem)
+        if hiding is not None:
+            path, package, how = hiding
+            return fail(
+                "packages",
+                measured,
+                f"rename or move away {path} ({how}): Python imports it instead "
+                f"of the installed {package}",
+            )
+    return fail(
+        "packages",
+        measured,
+        f"{shown_python()} -m pip install --force-reinstall --no-deps -c "
+        f"constraints.txt {' '.join(broken_distributions(broken))}",
+    )
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def python3_kernel() -> tuple[list[str], str]:

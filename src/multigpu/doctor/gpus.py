@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from multigpu.doctor.imports import not_importable
 from multigpu.doctor.result import CheckResult, ok
 
 # The code cells that do something only with GPUs: (notebook, cells, GPUs needed).
@@ -38,6 +39,9 @@ def gpu_cells_text(gpus: int) -> str:
 
 def check_gpus() -> CheckResult:
     """CUDA GPUs (count, names) and NCCL, and what they mean for the notebooks."""
+    broken = not_importable("GPUs", "torch")
+    if broken is not None:
+        return broken
     import torch
     import torch.distributed as dist
 

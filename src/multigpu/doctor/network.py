@@ -1,8 +1,10 @@
-"""The network the ranks use on one machine: the host name gloo resolves, the
-interface it may be told to use, free ports and 29500, and USE_LIBUV on Windows."""
+"""The network the ranks use on one machine: the host names gloo and torchrun
+resolve, the interface gloo may be told to use, a real connection to 127.0.0.1, free
+ports and 29500, and USE_LIBUV on Windows."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -14,6 +16,11 @@ from multigpu.doctor.result import CheckResult, fail, ok, warn
 DEFAULT_MASTER_PORT = 29500  # torchrun's --master-port when none is given
 SLOW_RESOLUTION_S = 1.0  # a host-name lookup slower than this delays every rank
 LOOPBACK = {"darwin": "lo0", "linux": "lo"}
+CONNECT_TIMEOUT_S = 3.0  # the test connection to 127.0.0.1
+# The errors of a connection to an interface that is down (no route to 127.0.0.1).
+INTERFACE_DOWN = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
+# torchrun --standalone: where its ranks meet, unless --local-addr (PET_LOCAL_ADDR)
+LOCAL_ADDR = "PET_LOCAL_ADDR"
 
 
 def loopback_fix(platform: str = sys.platform) -> str:
@@ -25,6 +32,45 @@ def loopback_fix(platform: str = sys.platform) -> str:
         f"export GLOO_SOCKET_IFNAME={name} in the terminal before torchrun or "
         "python (add it to your shell profile)"
     )
+
+
+def export_command(assignments: Mapping[str, str], platform: str) -> str:
+    """The shell line that sets ``assignments``: ``export A=1 B=2`` (PowerShell's
+    ``$env:A = '1'; ...`` on Windows)."""
+    if platform == "win32":
+        return "; ".join(
+            f"$env:{name} = '{value}'" for name, value in assignments.items()
+        )
+    return "export " + " ".join(
+        f"{name}={value}" for name, value in assignments.items()
+    )
+
+
+def local_addr_fix(platform: str = sys.platform) -> str:
+    """How to make torchrun --standalone meet on 127.0.0.1 instead of at the host
+    name, in a terminal and in the notebooks (PET_LOCAL_ADDR is --local-addr)."""
+    return (
+        f"`{export_command({LOCAL_ADDR: '127.0.0.1'}, platform)}` (torchrun's "
+        "--local-addr=127.0.0.1, for every torchrun started from that shell, the "
+        "notebooks' too) in the terminal before `make lab` or torchrun, and in "
+        "your shell profile"
+    )
+
+
+def torchrun_name_problem(
+    env: Mapping[str, str] = os.environ, getfqdn: Callable[[], str] | None = None
+) -> str | None:
+    """What is wrong with the address torchrun --standalone tells its ranks to meet
+    at (``--local-addr``, else this machine's fully qualified name, as
+    torch.distributed.elastic's rendezvous takes it), None if nothing is: it does
+    not resolve, or to no address of this machine."""
+    name = env.get(LOCAL_ADDR) or (getfqdn or socket.getfqdn)()
+    try:
+        if bindable_address(name) is not None:
+            return None
+    except OSError as exc:  # socket.gaierror
+        return f"{name!r}, which does not resolve ({exc})"
+    return f"{name!r}, which resolves to no address of this machine"
 
 
 def bindable_address(host: str) -> str | None:
@@ -56,9 +102,12 @@ def check_host_name(
     env: Mapping[str, str] = os.environ,
     host: str | None = None,
     interfaces: Callable[[], list[str]] = interface_names,
+    torchrun_problem: Callable[[], str | None] | None = None,
 ) -> CheckResult:
-    """gloo finds its address from the host name unless GLOO_SOCKET_IFNAME names an
-    interface: the name resolves to an address this machine can bind, quickly."""
+    """torchrun --standalone's ranks meet at this machine's name
+    (:func:`torchrun_name_problem`); gloo finds its address from the host name
+    unless GLOO_SOCKET_IFNAME names an interface: each name resolves to an address
+    this machine can bind, quickly."""
     chosen = env.get("GLOO_SOCKET_IFNAME", "")
     if chosen:
         known = interfaces()
@@ -71,6 +120,14 @@ def check_host_name(
                 f"({', '.join(known) or 'none found'}): gloo cannot start",
                 f"unset GLOO_SOCKET_IFNAME, or set it to {name}",
             )
+    meeting = torchrun_problem() if torchrun_problem else torchrun_name_problem(env)
+    if meeting is not None:
+        return fail(
+            "host name",
+            f"torchrun --standalone tells its ranks to meet at {meeting}: its jobs "
+            "cannot start (the notebooks' torchrun ones too)",
+            local_addr_fix(platform),
+        )
     host = socket.gethostname() if host is None else host
     start = time.monotonic()
     try:
@@ -135,11 +192,46 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def loopback_error(timeout: float = CONNECT_TIMEOUT_S) -> OSError | None:
+    """The error of a TCP connection to a port listening on 127.0.0.1, as every
+    rank makes to the store; None if it connects and a byte goes through."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            server.settimeout(timeout)
+            address = server.getsockname()
+            with socket.create_connection(address, timeout=timeout) as client:
+                accepted, _ = server.accept()
+                with accepted:
+                    accepted.settimeout(timeout)
+                    client.sendall(b"x")
+                    if accepted.recv(1) != b"x":
+                        return ConnectionError("the byte sent did not arrive")
+    except OSError as exc:  # TimeoutError, ConnectionRefusedError, ...
+        return exc
+    return None
+
+
+def loopback_up_fix(error: OSError, platform: str = sys.platform) -> str:
+    """What makes 127.0.0.1 connect: the loopback interface up where the error says
+    it is down, else the firewall."""
+    if error.errno in INTERFACE_DOWN and platform in LOOPBACK:
+        name = LOOPBACK[platform]
+        command = "ip link set lo up" if platform == "linux" else "ifconfig lo0 up"
+        return f"bring the loopback interface {name} up: `sudo {command}`"
+    return "let Python connect to 127.0.0.1 in your firewall or security software"
+
+
 def check_ports(
-    port: int = DEFAULT_MASTER_PORT, get_free_port: Callable[[], int] = free_port
+    port: int = DEFAULT_MASTER_PORT,
+    get_free_port: Callable[[], int] = free_port,
+    connect: Callable[[], OSError | None] = loopback_error,
+    platform: str = sys.platform,
 ) -> CheckResult:
-    """The launchers get a free port from the system; ``port`` (torchrun's default
-    29500) is free too, or only commands typed in a terminal are affected."""
+    """A connection to a port listening on 127.0.0.1 goes through, as every rank's
+    does; the launchers get a free port from the system; ``port`` (torchrun's
+    default 29500) is free too, or only commands typed in a terminal are affected."""
     try:
         free = get_free_port()
     except OSError as exc:
@@ -147,6 +239,14 @@ def check_ports(
             "ports",
             f"cannot open a TCP port on 127.0.0.1 ({exc})",
             "let Python listen on 127.0.0.1 in your firewall or security software",
+        )
+    refused = connect()
+    if refused is not None:
+        return fail(
+            "ports",
+            f"nothing can connect to 127.0.0.1: a connection to a listening port "
+            f"failed ({refused}), and every rank connects there",
+            loopback_up_fix(refused, platform),
         )
     taken = listen_error(port, "127.0.0.1") or listen_error(port, "")
     if taken is None:

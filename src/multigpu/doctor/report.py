@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TextIO
 
 from multigpu.doctor.environment import (
@@ -18,6 +22,8 @@ from multigpu.doctor.environment import (
     installed_version,
 )
 from multigpu.doctor.gpus import check_gpus
+from multigpu.doctor.imports import import_error
+from multigpu.doctor.lab_folders import check_lab_folders
 from multigpu.doctor.launches import check_gloo, check_torchrun
 from multigpu.doctor.machine import check_cores, check_disk, check_memory, usable_cores
 from multigpu.doctor.network import check_host_name, check_libuv, check_ports
@@ -36,6 +42,7 @@ QUICK_CHECKS: tuple[Check, ...] = (
     check_python,
     check_packages,
     check_kernel,
+    check_lab_folders,
     check_disk,
     check_memory,
     check_cores,
@@ -65,18 +72,60 @@ def run_check(check: Check) -> CheckResult | None:
 
 def machine_facts() -> list[str]:
     """``Linux x86_64``, ``Python 3.11.7``, ``torch 2.14.1``, ``2 cores``,
-    ``no GPU``: what the summary says about the machine."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ``no GPU``: what the summary says about the machine (``torch 2.14.1 (does not
+    import)`` and ``GPUs unknown`` where torch does not import)."""
     cores = usable_cores()
-    return [
+    facts = [
         f"{platform.system()} {platform.machine()}",
         f"Python {platform.python_version()}",
         f"torch {installed_version('torch') or 'missing'}",
         f"{cores} core{'s' if cores != 1 else ''}",
-        f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU",
     ]
+    try:
+        if import_error("torch") is not None:
+            raise ImportError("torch does not import")
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        facts[2] += " (does not import)" if installed_version("torch") else ""
+        return [*facts, "GPUs unknown"]
+    return [*facts, f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"]
+
+
+@contextlib.contextmanager
+def stderr_to_log() -> Iterator[Path | None]:
+    """Send what is written to file descriptor 2 (the ranks' own messages, c10d's
+    warnings) to a new temporary file while the checks run; yield its path (None
+    where none can be made: stderr is then left alone)."""
+    try:
+        handle, name = tempfile.mkstemp(prefix="multigpu-doctor-", suffix=".log")
+    except OSError:
+        yield None
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(handle, 2)
+    os.close(handle)
+    try:
+        yield Path(name)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def log_lines(log: Path | None) -> int:
+    """How many lines were written to ``log``; an empty log is removed."""
+    if log is None:
+        return 0
+    try:
+        count = len(log.read_bytes().splitlines())
+        if count == 0:
+            log.unlink()
+        return count
+    except OSError:
+        return 0
 
 
 def run_checks(checks: Sequence[Check], out: TextIO | None = None) -> list[CheckResult]:
@@ -107,24 +156,29 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     options = parser.parse_args(argv)
     out = sys.stdout if out is None else out
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with stderr_to_log() as log, ThreadPoolExecutor(max_workers=1) as pool:
         checks = QUICK_CHECKS
         if not options.quick:
             started = [pool.submit(run_check, c).result for c in BACKGROUND_CHECKS]
             checks = QUICK_CHECKS + LAUNCH_CHECKS + tuple(started)
         results = run_checks(checks, None if options.json else out)
+        facts = machine_facts()
     marks = marks_for(getattr(out, "encoding", None))
-    summary = summary_line(results, machine_facts(), marks)
+    summary = summary_line(results, facts, marks)
     seconds = time.monotonic() - start
+    lines = log_lines(log)
     if options.json:
         record = {
             "results": [result.as_dict() for result in results],
             "summary": summary,
             "seconds": round(seconds, 1),
+            "log": str(log) if lines else None,
         }
         escaped = marks is ASCII_MARKS  # a stream that cannot write ✓ gets \u2713
         print(json.dumps(record, indent=1, ensure_ascii=escaped), file=out)
     else:
+        if lines:
+            print(f"\nthe checks' and ranks' own messages: {log}", file=out)
         skipped = " (--quick: launches skipped)" if options.quick else ""
         print(f"\nchecked in {seconds:.1f} s{skipped}; paste this line:", file=out)
         print(summary, file=out, flush=True)

@@ -24,3 +24,18 @@ def test_several_runs_are_labelled():
         "2 devices train",
     ]
     assert len(fig.axes[1].lines) == 0
+
+
+def test_the_package_gives_every_figure():
+    """``from multigpu.plots import plot_x`` gives every figure of every module."""
+    import importlib
+    import pkgutil
+
+    import multigpu.plots as plots
+
+    for module in pkgutil.iter_modules(plots.__path__):
+        members = vars(importlib.import_module(f"multigpu.plots.{module.name}"))
+        for name in (n for n in members if n.startswith("plot_")):
+            assert name in plots.__all__ and getattr(plots, name) is members[name], (
+                f"multigpu.plots does not give {module.name}.{name}"
+            )

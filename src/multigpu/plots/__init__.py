@@ -1,6 +1,8 @@
 """Figures: learning curves (01), DataParallel's data flow (02), per-device memory
 and timelines (03, 06), the ring all-reduce step by step (07), DDP's overlap and
-buckets (10), the scaling model (12), what each rank of a ZeRO stage holds (13).
+buckets (10), the scaling model (12), what each rank of a ZeRO stage holds and
+DTensor's placements (13), a unit's life and the prefetch (14), HSDP's mesh (14b),
+tensor and sequence parallel's cuts and a 2-D mesh (15), pipeline schedules (16).
 
 Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
 One file per lesson family; ``from multigpu.plots import plot_x`` gives them all.
@@ -13,26 +15,40 @@ from multigpu.plots.dataparallel import (
     plot_timeline,
 )
 from multigpu.plots.ddp import plot_buckets, plot_overlap
-from multigpu.plots.fsdp import plot_prefetch
+from multigpu.plots.dtensor import plot_mesh, plot_placements
+from multigpu.plots.fsdp import plot_prefetch, plot_unit_life
+from multigpu.plots.fsdp2 import plot_hsdp_mesh
 from multigpu.plots.pipeline import plot_bubble, plot_schedules
 from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
 from multigpu.plots.sharding import LEDGER_COLOURS, plot_zero_ledgers
+from multigpu.plots.tensor_parallel import (
+    plot_2d_mesh,
+    plot_column_row_cut,
+    plot_sequence_parallel,
+)
 from multigpu.plots.training import plot_history
 
 __all__ = [
     "LEDGER_COLOURS",
+    "plot_2d_mesh",
     "plot_alpha_beta_fit",
     "plot_bubble",
     "plot_buckets",
+    "plot_column_row_cut",
     "plot_dataparallel_flow",
     "plot_history",
+    "plot_hsdp_mesh",
     "plot_memory",
+    "plot_mesh",
     "plot_overlap",
+    "plot_placements",
     "plot_prefetch",
     "plot_ring",
     "plot_schedules",
+    "plot_sequence_parallel",
     "plot_speedups",
     "plot_timeline",
+    "plot_unit_life",
     "plot_zero_ledgers",
     "ring_states",
 ]

@@ -74,3 +74,64 @@ def hard_case_data(
 def trainable_numel(model: nn.Module) -> int:
     """Numbers the optimizer updates (a tied weight counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class LateUnitNet(nn.Module):
+    """in (N, 6) -> logits (N, 3); ``late`` runs from the second forward on: a
+    module (so an FSDP unit) that the first forward does not use and every later
+    one does. The buffer ``calls`` counts the forwards."""
+
+    def __init__(self, hidden: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Linear(IN_FEATURES, hidden)
+        self.late = nn.Linear(hidden, hidden)  # not used by the first forward
+        self.head = nn.Linear(hidden, CLASSES)
+        self.register_buffer("calls", torch.tensor(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        if self.calls > 0:
+            h = h + torch.tanh(self.late(h))
+        self.calls += 1
+        return self.head(h)
+
+
+class SpareBlock(nn.Module):
+    """(N, h) -> (N, h) through ``linear``; ``spare`` is never read."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        self.spare = nn.Linear(hidden, hidden)  # no forward reads it
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(h))
+
+
+class UnreadParameterNet(nn.Module):
+    """in (N, 6) -> logits (N, 3) through embed, block, head: ``block`` (one module,
+    so one FSDP unit, that every forward uses) holds ``block.spare``, which no
+    forward reads, so its gradient stays None."""
+
+    def __init__(self, hidden: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Linear(IN_FEATURES, hidden)
+        self.block = SpareBlock(hidden)
+        self.head = nn.Linear(hidden, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(torch.tanh(self.embed(x))))
+
+
+def late_unit_model(dtype: torch.dtype = torch.float64, seed: int = 0) -> LateUnitNet:
+    """A fresh LateUnitNet from ``seed``, in ``dtype`` (``calls`` at 0)."""
+    torch.manual_seed(seed)
+    return LateUnitNet().to(dtype)
+
+
+def unread_parameter_model(
+    dtype: torch.dtype = torch.float64, seed: int = 0
+) -> UnreadParameterNet:
+    """A fresh UnreadParameterNet from ``seed``, in ``dtype``."""
+    torch.manual_seed(seed)
+    return UnreadParameterNet().to(dtype)

@@ -1,6 +1,6 @@
 """Set-up shared by the tests of multigpu.fsdp: every FSDP-by-hand run of the hard
-cases, the prefetch depths, mixed precision and FSDP2's bf16 run, trained once per
-world size in one launch."""
+cases, the prefetch depths, mixed precision, FSDP2's bf16 run and the gradients a
+parameter no forward reads gets, trained once per world size in one launch."""
 
 import pytest
 import torch
@@ -11,13 +11,27 @@ from multigpu.ranks import fsdp as fsdp_ranks
 from multigpu.ranks.fsdp import mixed_precision_exercise_rank
 from multigpu.runtime.launch import in_one_launch, spawn
 from multigpu.zero import make_mlp
-from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.fsdp.ranks import unread_parameter_rank
+from tests.hard_cases import (
+    DTYPES,
+    hard_case_data,
+    hard_case_model,
+    late_unit_model,
+    tiny_model,
+    unread_parameter_model,
+)
 from tests.ranks_fsdp import refused_messages_rank
 
 CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.05)  # 41 samples: 6 steps
 STEPS = 6
 TIMEOUT = 240.0  # the machine may be shared; a hang fails instead of waiting
-BUILDERS = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
+BUILDERS = {
+    "HardCaseNet": hard_case_model,
+    "TinyNet": tiny_model,
+    "LateUnitNet": late_unit_model,  # a unit the first forward does not use
+    "UnreadParameterNet": unread_parameter_model,  # a parameter no forward reads
+}
+UNREAD_SAMPLES = 36  # every rank of 2 or 3 gets as many: the mean of means is exact
 MLP_SIZES = (6, 16, 16, 16, 16, 3)  # 5 units of 112, 272, 272, 272, 51
 SETTINGS = {  # name: FSDPByHand options, on the MLP in float32
     "depth 0": {"depth": 0, "record": True},  # a timeline: nothing hidden
@@ -67,6 +81,8 @@ def fsdp_runs(request):
     bf16 = {"param_dtype": torch.bfloat16}
     model = per_rank(hard_case_model, torch.float32, world_size)
     runs.append((model, X, y, CONFIG, bf16))
+    X36, y36 = hard_case_data(UNREAD_SAMPLES, dtype=torch.float64)
+    unread = (unread_parameter_model(), X36, y36, CONFIG.lr)
     calls = [
         (fsdp_ranks.fsdp_runs_rank, (runs,)),
         (fsdp_ranks.fsdp2_mixed_runs_rank, ([(model, X, y, CONFIG)],)),
@@ -75,8 +91,10 @@ def fsdp_runs(request):
             mixed_precision_exercise_rank,
             (gather_parameters, reduce_gradient, CAST_NUMEL),
         ),
+        (unread_parameter_rank, unread),
     ]
     results = spawn(in_one_launch, world_size, calls, timeout=TIMEOUT)
     histories = {key: [r[0][i] for r in results] for i, key in enumerate(keys)}
     histories["FSDP2 bf16"] = [r[1][0] for r in results]
+    histories["unread parameter"] = [r[4] for r in results]
     return world_size, histories, [(r[2], r[3]) for r in results]

@@ -3,10 +3,14 @@ and 3 ranks: float64 to 1e-12, float32 to 1e-6 (the ranks add their gradients in
 another order; at 2 ranks the same additions in one process match bit for bit, and
 on one rank it is bit for bit the plain model); bf16 within a bound of one process
 and of FSDP2 under the same policy. Bytes sent and gathered bytes equal the
-formulas of multigpu.costmodel.fsdp."""
+formulas of multigpu.costmodel.fsdp. A unit first used after the first forward
+trains; a parameter no forward reads keeps grad None, as in one process and FSDP2."""
+
+import copy
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from multigpu import fsdp, zero
 from multigpu.costmodel.fsdp import (
@@ -17,8 +21,22 @@ from multigpu.costmodel.fsdp import (
 )
 from multigpu.ranks import fsdp as fsdp_ranks
 from multigpu.runtime.launch import spawn
-from tests.fsdp.conftest import BUILDERS, CONFIG, SETTINGS, STEPS, TIMEOUT, mlp
-from tests.hard_cases import DTYPES, hard_case_data, hard_case_model
+from tests.fsdp import ranks
+from tests.fsdp.conftest import (
+    BUILDERS,
+    CONFIG,
+    SETTINGS,
+    STEPS,
+    TIMEOUT,
+    UNREAD_SAMPLES,
+    mlp,
+)
+from tests.hard_cases import (
+    DTYPES,
+    hard_case_data,
+    hard_case_model,
+    unread_parameter_model,
+)
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}  # measured: ~1e-16, ~2e-7
 BF16_FROM_ONE_PROCESS = 0.02  # measured: 0.0067 (2 ranks), 0.0070 (3 ranks)
@@ -49,6 +67,11 @@ def test_fsdp_by_hand_trains_like_one_process_on_the_hard_cases(fsdp_runs, dtype
                 assert torch.equal(p["frozen.weight"], start.frozen.weight)
                 assert torch.equal(p["unused.weight"], start.unused.weight)
                 assert torch.equal(p["encode.weight"], p["decode.weight"])  # tied
+            if name == "LateUnitNet":  # the last forward ran every unit
+                assert history.forward_order == [0, 1, 2]
+            if name == "UnreadParameterNet":
+                spare = history.parameters["block.spare.weight"]
+                assert torch.equal(spare, start.block.spare.weight)
         losses = torch.tensor(
             [h.step_loss for h in histories[(name, dtype)]], dtype=torch.float64
         )
@@ -138,6 +161,39 @@ def test_frozen_and_unused_parameters_get_no_optimizer_state(fsdp_runs):
         unused = sum(p.numel() for p in model.unused.parameters())  # no gradient
         element = torch.finfo(dtype).bits // 8
         assert held == 2 * element * (trainable - unused)  # 2 moments, frozen: none
+        unread = histories[("UnreadParameterNet", dtype)]
+        held = sum(h.ledger["optimizer"] for h in unread)
+        model = unread_parameter_model(dtype)
+        numel = sum(p.numel() for p in model.parameters())
+        spare = sum(p.numel() for p in model.block.spare.parameters())  # not read
+        assert held == 2 * element * (numel - spare)  # as Adam in one process
+
+
+def test_a_parameter_no_forward_reads_keeps_grad_none(fsdp_runs):
+    """As in one process and FSDP2, so weight decay leaves it where it was."""
+    _, histories, _ = fsdp_runs
+    X, y = hard_case_data(UNREAD_SAMPLES, dtype=torch.float64)
+    start = unread_parameter_model()
+    model = copy.deepcopy(start)  # one process, on the whole batch
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=CONFIG.lr, weight_decay=ranks.WEIGHT_DECAY
+    )
+    for step in range(ranks.STEPS):
+        optimizer.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        if step == 0:
+            none = {name: p.grad is None for name, p in model.named_parameters()}
+        optimizer.step()
+    assert [name for name, is_none in none.items() if is_none] == [
+        "block.spare.weight",
+        "block.spare.bias",
+    ]
+    reference = model.state_dict()
+    for by_hand, weights, fsdp2 in histories["unread parameter"]:
+        assert by_hand == none
+        assert fsdp2 == none
+        assert difference(weights, reference, list(reference)) <= 1e-12
+        assert torch.equal(weights["block.spare.weight"], start.block.spare.weight)
 
 
 def test_bf16_is_bounded_from_one_process_and_matches_fsdp2(fsdp_runs):

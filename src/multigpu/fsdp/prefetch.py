@@ -4,8 +4,9 @@ Before a unit computes, :func:`issue_with_prefetch` issues its own all-gather (i
 a prefetch has not already issued it), then the all-gathers of the next
 ``wrapper.depth`` units in ``order`` WITHOUT waiting for them, and only then waits
 for its own. The communication thread runs them while this unit computes; each
-costs the memory of one more gathered unit. ``order`` is the forward order that
-the first forward recorded, or its reverse in backward. FSDP2
+costs the memory of one more gathered unit. ``order`` is this step's: the units
+its forward (or backward) has run so far, then the others as the last forward ran
+them (reversed in backward). FSDP2
 (``torch/distributed/fsdp/_fully_shard/``) prefetches one unit ahead in backward by
 default (``FSDPParamGroup._backward_prefetch`` in ``_fsdp_param_group.py``, the
 reverse of the recorded post-forward order); in forward it issues nothing early

@@ -5,8 +5,8 @@
 FSDP2's do (``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``):
 
 - before a unit's forward, its all-gather (the prefetch function issues it, and the
-  next ``depth`` units', :mod:`~multigpu.fsdp.prefetch`); its modules' parameters
-  become views of the gathered buffer;
+  next ``depth`` units' in the last step's order, :mod:`~multigpu.fsdp.prefetch`);
+  its modules' parameters become views of the gathered buffer;
 - after its forward, the buffer's memory is freed (``storage.resize_(0)``, as FSDP2's
   ``free_storage`` in ``_fsdp_param.py``); the tensors autograd saved are views of
   it, so backward's re-gather into the same memory restores them;
@@ -14,7 +14,10 @@ FSDP2's do (``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``):
 - when its gradient is complete (``register_post_accumulate_grad_hook`` on the
   buffer), free it and queue the reduce-scatter of the gradient;
 - at the end of backward (``queue_callback``, as FSDP2's root does), wait for every
-  reduce-scatter and put the mean gradient chunks into ``shard.grad``.
+  reduce-scatter and put the mean gradient into the ``.grad`` of each parameter's
+  piece of the shard (``shards``, what the optimizer updates); a parameter that
+  backward did not reach (no forward read it) keeps ``grad`` None, as in one
+  process and in FSDP2 (which reduces only the gradients that exist).
 
 Collectives run on a :class:`~multigpu.fsdp.stream.CommStream`; a
 :class:`~multigpu.zero.Meter` counts bytes sent and gathered bytes alive; with
@@ -51,10 +54,13 @@ class FSDPByHand(nn.Module):
     dtype (None: the model's); ``reshard_after_forward=False`` keeps every unit
     gathered from its forward to its backward (one all-gather per step, not two);
     ``record``: keep a timeline. ``prefetch``, ``gather`` and ``reduce`` replace
-    the three functions the notebook's exercises ask for. Every rank must pass
-    the same model (e.g. after ``broadcast_from_rank0``) and the same arguments,
-    and run the same units in forward: a unit that only some ranks run would leave
-    the others waiting in its collectives (the launcher's timeout ends that).
+    the three functions the notebook's exercises ask for. ``shards``: this
+    rank's piece of each trainable parameter, for the optimizer. Every rank must
+    pass the same model (e.g. after ``broadcast_from_rank0``) and the same
+    arguments, and run the same units in forward: a unit that only some ranks run
+    would leave the others waiting in its collectives (the launcher's timeout ends
+    that); and read the same parameters, as FSDP2 asks: a parameter no forward read
+    on this rank gets no gradient on this rank.
     """
 
     def __init__(
@@ -84,7 +90,9 @@ class FSDPByHand(nn.Module):
             FlatUnit(i, names, module, rank, world_size, param_dtype)
             for i, names in enumerate(plan)
         ]
-        self.shards = nn.ParameterList(unit.shard for unit in self.units)
+        self.shards = nn.ParameterList(
+            piece for unit in self.units for _, _, piece in unit.pieces.values()
+        )
         self.param_dtype = param_dtype
         self.frozen_masters: dict[str, torch.Tensor] = {}
         for name, p in list(module.named_parameters()):
@@ -99,10 +107,10 @@ class FSDPByHand(nn.Module):
         self.meter = Meter()
         self.stream = CommStream(record)
         self.events: list[TimelineEvent] = []  # the compute spans
-        self.forward_order: list[int] = []  # recorded by the first forward
-        self._order_known = False
+        self.forward_order: list[int] = []  # units in the order forward ran them
+        self._ran: dict[str, list[int]] = {"forward": [], "backward": []}  # this step
         self._in_backward = False
-        self._reduced: list[tuple[FlatUnit, Handle]] = []
+        self._reduced: list[tuple[FlatUnit, set[int], Handle]] = []
         self._started: dict[int, float] = {}
         for unit in self.units:
             for member in unit.modules:
@@ -138,7 +146,17 @@ class FSDPByHand(nn.Module):
                     TimelineEvent("gathered", unit.name, unit.gathered_at, now)
                 )
 
-    def _ready(self, unit: FlatUnit, order: list[int], when: str) -> None:
+    def _ready(self, unit: FlatUnit, when: str) -> None:
+        """Call the prefetch function with this step's order: the units this step's
+        forward (or backward) has run, ``unit`` last, then the others as the last
+        forward ran them (reversed in backward). A unit the previous steps did not
+        run has its place too: the order is recorded anew in every step, as FSDP2
+        records its post-forward order and clears it when backward ends."""
+        ran = self._ran[when]
+        if unit.index not in ran:
+            ran.append(unit.index)
+        known = self.forward_order if when == "forward" else self.forward_order[::-1]
+        order = ran + [index for index in known if index not in ran]
         self.prefetch(self, order, order.index(unit.index))
         if unit.handle is None or unit.handle.future is not None:
             raise RuntimeError(
@@ -162,13 +180,11 @@ class FSDPByHand(nn.Module):
         def hook(module, args):
             if self._in_backward:  # activation checkpointing recomputes forward
                 self.issue_gather(unit.index).wait()
-                unit.install()
+                unit.install(watch=True)
                 return
-            if not self._order_known and unit.index not in self.forward_order:
-                self.forward_order.append(unit.index)
             if unit.index not in self._started:
-                self._ready(unit, self.forward_order, "forward")
-            unit.install()
+                self._ready(unit, "forward")
+            unit.install(watch=True)  # notes which parameters backward reaches
 
         return hook
 
@@ -193,8 +209,7 @@ class FSDPByHand(nn.Module):
 
         def hook(grad):
             if unit.index not in self._started:
-                backward_order = self.forward_order[::-1]
-                self._ready(unit, backward_order, "backward")
+                self._ready(unit, "backward")
 
         return hook
 
@@ -204,6 +219,7 @@ class FSDPByHand(nn.Module):
         def hook(full: torch.Tensor) -> None:
             self._span(unit, "backward")
             grad, full.grad = full.grad, None  # (numel,) in the compute dtype
+            read, unit.read = unit.read, set()  # the parameters backward reached
             self.free(unit)
 
             def work() -> torch.Tensor:
@@ -211,9 +227,8 @@ class FSDPByHand(nn.Module):
                 self.meter.bytes_sent += self.reduce(grad, shard_grad)
                 return shard_grad
 
-            self._reduced.append(
-                (unit, self.stream.submit("reduce-scatter", unit.name, work))
-            )
+            handle = self.stream.submit("reduce-scatter", unit.name, work)
+            self._reduced.append((unit, read, handle))
 
         return hook
 
@@ -224,16 +239,21 @@ class FSDPByHand(nn.Module):
     def _finish_backward(self) -> None:
         """End of backward: every reduce-scatter done, gradients into the shards."""
         self.stream.synchronize()
-        for unit, handle in self._reduced:
-            chunk = handle.wait()
-            if unit.shard.grad is None:
-                unit.shard.grad = chunk
-            else:  # accumulation over several backwards
-                unit.shard.grad += chunk
+        for unit, read, handle in self._reduced:
+            chunk = handle.wait()  # the mean gradient of this rank's shard
+            for offset, (_, where, piece) in unit.pieces.items():
+                if offset not in read:
+                    continue  # no forward read it: its gradient stays None
+                if piece.grad is None:
+                    piece.grad = chunk[where]
+                else:  # accumulation over several backwards
+                    piece.grad += chunk[where]
         self._reduced = []
         for unit in self.units:
             self.free(unit)  # e.g. a unit whose gradient never came
+            unit.read.clear()
         self._started.clear()
+        self._ran = {"forward": [], "backward": []}  # as FSDP2 clears its order
         self._in_backward = False
 
     # -------------------------------------------------------------------- forward
@@ -242,7 +262,7 @@ class FSDPByHand(nn.Module):
         if self.param_dtype is not None:
             args, kwargs = _cast((args, kwargs), self.param_dtype)
         output = self.module(*args, **kwargs)
-        self._order_known = True
+        self.forward_order = list(self._ran["forward"])
         for tensor in _tensors(output)[:1]:
             if tensor.requires_grad:
                 tensor.register_hook(self._start_backward)

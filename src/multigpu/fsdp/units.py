@@ -7,8 +7,11 @@ each direct child of the model that has trainable parameters, children that shar
 a parameter (a tied weight) merged into one unit, and the model's own parameters
 (those outside every child) as the root unit. :class:`FlatUnit` holds one unit's
 shard (this rank's chunk, as ``tensor_split`` cuts it, like 13's flat buffers) and
-the buffer its parameters are gathered into. Frozen parameters are not sharded:
-they stay whole on every rank, outside the buffer and the optimizer.
+the buffer its parameters are gathered into, and ``pieces``: this rank's part of
+each parameter, views of the shard that the optimizer updates, so that a parameter
+no forward read keeps ``grad`` None (FSDP1's ``use_orig_params`` views; FSDP2
+shards each parameter). Frozen parameters are not sharded: they stay whole on
+every rank, outside the buffer and the optimizer.
 """
 
 from __future__ import annotations
@@ -100,7 +103,9 @@ class FlatUnit:
     buffer of ``numel`` numbers, of which this rank keeps ``shard`` (the master
     weights, an ``nn.Parameter`` in the model's dtype); ``full`` is the buffer the
     whole unit is gathered into, in the compute dtype, its memory freed while the
-    unit is not in use (14)."""
+    unit is not in use. ``pieces``: for each parameter (by its offset in the
+    buffer) its name, the slice of ``shard`` that holds this rank's part of it
+    (maybe empty) and that part as an ``nn.Parameter`` on the same memory (14)."""
 
     def __init__(
         self,
@@ -116,20 +121,29 @@ class FlatUnit:
         self.name = "+".join(n or "root" for n in names)
         self.modules = [model.get_submodule(n) for n in names]
         offsets: dict[int, int] = {}  # id(parameter) -> offset: a tied weight once
-        pieces: list[torch.Tensor] = []
+        tensors: list[torch.Tensor] = []
         self.slots: list[tuple[str, nn.Module, str, int, torch.Size]] = []
         self.numel = 0
         for name in names:
             for qualified, p in _owned(model, name):
                 if id(p) not in offsets:
                     offsets[id(p)] = self.numel
-                    pieces.append(p.detach().reshape(-1))
+                    tensors.append(p.detach().reshape(-1))
                     self.numel += p.numel()
                 owner, _, attr = qualified.rpartition(".")
                 module = model.get_submodule(owner)
                 self.slots.append((qualified, module, attr, offsets[id(p)], p.shape))
-        flat = torch.cat(pieces)  # (numel,) in the model's dtype
+        flat = torch.cat(tensors)  # (numel,) in the model's dtype
         self.shard = nn.Parameter(shard_of(flat, rank, world_size).clone())
+        start = sum(len(chunk) for chunk in flat.tensor_split(world_size)[:rank])
+        self.pieces: dict[int, tuple[str, slice, nn.Parameter]] = {}
+        for qualified, _, _, offset, shape in self.slots:
+            if offset not in self.pieces:  # a tied weight: one piece
+                first, last = offset - start, offset + shape.numel() - start
+                where = slice(*(min(max(i, 0), len(self.shard)) for i in (first, last)))
+                piece = nn.Parameter(self.shard.detach()[where])  # the same memory
+                self.pieces[offset] = (qualified, where, piece)
+        self.read: set[int] = set()  # offsets of the parameters backward reached
         dtype = compute_dtype or flat.dtype
         self.full = torch.empty(self.numel, dtype=dtype).requires_grad_()
         # The collectives write through a second tensor on the same memory, so
@@ -144,11 +158,16 @@ class FlatUnit:
         self.handle = None  # the pending or finished all-gather, None when freed
         self.gathered_at = 0.0  # when its memory last came back (timeline seconds)
 
-    def install(self) -> None:
-        """Point each module's attribute at its slice of the gathered buffer."""
+    def install(self, watch: bool = False) -> None:
+        """Point each module's attribute at its slice of the gathered buffer; with
+        ``watch``, backward adds the offset of each slice it reaches to ``read``
+        (a parameter that no forward read is never reached)."""
         for _, module, attr, offset, shape in self.slots:
             size = shape.numel()
-            setattr(module, attr, self.full[offset : offset + size].view(shape))
+            view = self.full[offset : offset + size].view(shape)
+            if watch and view.requires_grad:
+                view.register_hook(lambda grad, at=offset: self.read.add(at))
+            setattr(module, attr, view)
 
     def nbytes(self) -> int:
         """Bytes of the gathered buffer (numel in the compute dtype)."""

@@ -14,11 +14,16 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 # How many parts of `make test` (after lint) run at once, each printed whole when it
-# ends: all three by default, which keeps 2 cores busy (about 10 min on 2 cores, one
-# at a time about 17). STREAMS=1 runs them one after the other.
-STREAMS ?= 3
+# ends: all four by default. Many tests and cells wait (on ranks starting, torchrun's
+# agent, a deliberate timeout), so four parts keep 2 cores busy where three left
+# them idle about half the time. STREAMS=1 runs them one after the other.
+STREAMS ?= 4
+# The tests that mostly wait on processes (torchrun from a shell, restarts, kills,
+# timeouts, the doctor): `make test` runs them beside the rest of pytest.
+WAITING_TESTS := tests/faults tests/runtime tests/ddp tests/doctor tests/snapshot
 
-.PHONY: setup lab doctor test test-slow test-browser lint pytest nbval nbval-native \
+.PHONY: setup lab doctor test test-slow test-browser lint pytest pytest-waiting \
+	pytest-rest nbval nbval-native \
 	nbval-default run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
@@ -52,9 +57,9 @@ doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
 test: lint
-	@echo "pytest, nbval-native and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest (in two parts), nbval-native and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		pytest nbval-native nbval-default
+		pytest-waiting pytest-rest nbval-native nbval-default
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -64,6 +69,13 @@ lint: $(STAMP)
 
 pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(THREADS) $(BIN)/pytest tests/
+
+# pytest as `make test` runs it, in two parts that together are every test.
+pytest-waiting: $(STAMP) $(LAB_OVERRIDES)
+	$(THREADS) $(BIN)/pytest $(WAITING_TESTS)
+
+pytest-rest: $(STAMP) $(LAB_OVERRIDES)
+	$(THREADS) $(BIN)/pytest tests/ $(addprefix --ignore=,$(WAITING_TESTS))
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)

@@ -12,18 +12,19 @@ THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONHAS
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	--nbval-cell-timeout 120
 LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
-NOTEBOOKS := $(LESSONS) $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
+SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
+NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
-# ends: all four by default. Many tests and cells wait (on ranks starting, torchrun's
-# agent, a deliberate timeout), so four parts keep 2 cores busy where three left
-# them idle about half the time. STREAMS=1 runs them one after the other.
-STREAMS ?= 4
+# ends: all five by default, so that 2 cores stay busy until the end (each part
+# alone leaves a core idle while its ranks start or wait). STREAMS=1 runs them one
+# after the other.
+STREAMS ?= 5
 # The tests that mostly wait on processes (torchrun from a shell, restarts, kills,
 # timeouts, the doctor): `make test` runs them beside the rest of pytest.
 WAITING_TESTS := tests/faults tests/runtime tests/ddp tests/doctor tests/snapshot
 
 .PHONY: setup lab doctor test test-slow test-browser lint pytest pytest-waiting \
-	pytest-rest nbval nbval-native \
+	pytest-rest nbval nbval-native nbval-lessons nbval-solutions \
 	nbval-default run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
@@ -57,9 +58,9 @@ doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
 test: lint
-	@echo "pytest (in two parts), nbval-native and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest and nbval-native (each in two parts) and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		pytest-waiting pytest-rest nbval-native nbval-default
+		pytest-waiting pytest-rest nbval-lessons nbval-solutions nbval-default
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -101,6 +102,15 @@ nbval: $(STAMP)
 nbval-native: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(NOTEBOOKS)
+
+# nbval-native as `make test` runs it, in two parts that together are every notebook.
+nbval-lessons: $(STAMP)
+	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+		--nbval-rerun $(NBVAL) $(LESSONS)
+
+nbval-solutions: $(STAMP)
+	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+		--nbval-rerun $(NBVAL) $(SOLUTIONS)
 
 nbval-default: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -105,16 +106,21 @@ def check_names(lines):
     return [line[3:19].strip() for line in lines if line[:2].strip() in marks]
 
 
-def test_make_doctor_passes_here_within_45_s():
+def test_make_doctor_passes_here_in_under_30_processor_seconds():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done, seconds = run_doctor(command=["make", "--no-print-directory", "doctor"])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert SUMMARY.fullmatch(lines[-1]), lines[-1]
     names = check_names(lines)
     assert names[:3] == ["Python", "packages", "Jupyter kernel"]
     assert names[-2:] == ["gloo launch", "torchrun"]
-    # 10-20 s alone on 2 cores (the README); `make test` runs other parts beside it
-    assert seconds < 45, f"the doctor took {seconds:.1f} s"
+    # Alone on 2 cores it takes 10-20 s (the README). Beside `make test`'s other
+    # parts the clock says little; the processor time it used does.
+    used = sum(after[:2]) - sum(before[:2])  # user + system, its processes
+    assert used < 30, f"the doctor used {used:.1f} s of processor time"
+    assert seconds < 120, f"the doctor took {seconds:.1f} s"  # no hang waited out
 
 
 class AsciiStream(io.StringIO):

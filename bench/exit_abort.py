@@ -36,7 +36,6 @@ def count_aborts(ending: str, runs: int, ranks: int) -> tuple[int, int]:
             ranks,
             "ddp-exit",
             ending,
-            timeout=120,
             check=False,
         )
         failed += result.returncode != 0

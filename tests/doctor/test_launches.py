@@ -194,7 +194,7 @@ def test_torchrun_errors_without_output_fail_too(error):
 
 
 def test_torchrun_past_its_time_limit_is_a_busy_machine(monkeypatch):
-    monkeypatch.setattr(launches, "TORCHRUN_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(launches, "TORCHRUN_DEADLINE_S", 0.0)
 
     def run():
         raise TorchrunError("torchrun -m x did not finish within 25.0 s", "")

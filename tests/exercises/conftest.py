@@ -1,10 +1,12 @@
-"""Every FAIL message a checker gives in these tests names the mistake, never the fix.
+"""Every FAIL message a checker gives in these tests names the mistake, never the fix,
+and every checker returns an ``ExerciseResult``.
 
 Before the test modules import them, every ``check_*`` function of
-``multigpu.exercises`` is wrapped: when it returns a FAIL, the message must not
-contain a piece of code from the reference solutions (the source of every module
-of ``multigpu`` outside the checkers, and the solution notebooks). A learner who reads
-``torch.arange(rank, len(y), world_size)`` in a FAIL has been given the answer.
+``multigpu.exercises`` is wrapped: its result must be an ``ExerciseResult``, and when
+it is a FAIL, the message must not contain a piece of code from the reference
+solutions (the source of every module of ``multigpu`` outside the checkers, and the
+solution notebooks). A learner who reads ``torch.arange(rank, len(y), world_size)``
+in a FAIL has been given the answer.
 
 A piece of code is a backticked span, a call with its arguments or an indexing
 expression, at least ``MIN_CODE`` characters long once spaces are removed; a bare
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import multigpu
 import multigpu.exercises
+from multigpu.exercises import ExerciseResult
 
 MIN_CODE = 12
 SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
@@ -84,6 +87,10 @@ def _checked(checker):
     @functools.wraps(checker)
     def wrapper(*args, **kwargs):
         result = checker(*args, **kwargs)
+        assert isinstance(result, ExerciseResult), (
+            f"{checker.__name__} returned {type(result).__name__}, not an "
+            "ExerciseResult: return ok(message) or fail(message)"
+        )
         passed, message = result
         if not passed:
             given = reference_code_in(message)

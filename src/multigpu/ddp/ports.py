@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-from multigpu.runtime.launch import TorchrunError, run_torchrun
+from multigpu.runtime.launch import (
+    TORCHRUN_DEADLINE_S,
+    TorchrunError,
+    deadline_not_timeout,
+    run_torchrun,
+)
 
 
+@deadline_not_timeout
 def torchrun_on_port(
     port: int,
     nproc_per_node: int = 2,
     module: str = "multigpu.ranks.torchrun_example",
-    timeout: float = 60.0,
+    deadline: float = TORCHRUN_DEADLINE_S,
 ) -> str:
     """Run ``torchrun --nproc-per-node=N --master-port=PORT -m module``, the way the
     common walk-throughs launch (a fixed port, no ``--standalone``), and return what
     it printed, stdout and stderr. When another program holds ``port`` it fails
-    with ``EADDRINUSE``; the run is stopped after ``timeout`` seconds (09b).
+    with ``EADDRINUSE``; the run is stopped after ``deadline`` seconds (09b).
     ``launch.run_torchrun`` uses ``--standalone``, a free port, unless told a port."""
     try:
         result = run_torchrun(
-            module, nproc_per_node, timeout=timeout, check=False, master_port=port
+            module, nproc_per_node, deadline=deadline, check=False, master_port=port
         )
     except TorchrunError:
-        return f"(stopped after {timeout} s)"
+        return f"(stopped after {deadline} s)"
     return result.stdout + result.stderr
 
 

@@ -23,7 +23,7 @@ from multigpu.doctor.result import CheckResult, fail, ok
 WORLD_SIZES = (2, 4)
 SPAWN_TIMEOUT_S = 10.0  # each collective and the rendezvous
 SPAWN_DEADLINE_S = 20.0  # a whole launch (the first also starts the forkserver)
-TORCHRUN_TIMEOUT_S = 25.0
+TORCHRUN_DEADLINE_S = 25.0  # the whole 2-rank torchrun job
 TORCHRUN_MODULE = "multigpu.ranks.torchrun_example"
 TORCHRUN_EXPECTED = "world_size=2 sum=3"  # what its rank 0 prints
 # A line of a Python error with a message (a rank's root cause comes first; torchrun's
@@ -125,7 +125,9 @@ def torchrun_job(env: Mapping[str, str] | None = None) -> str:
     what it printed on stdout."""
     from multigpu.runtime.launch import run_torchrun
 
-    return run_torchrun(TORCHRUN_MODULE, 2, timeout=TORCHRUN_TIMEOUT_S, env=env).stdout
+    return run_torchrun(
+        TORCHRUN_MODULE, 2, deadline=TORCHRUN_DEADLINE_S, env=env
+    ).stdout
 
 
 def check_torchrun(
@@ -153,7 +155,7 @@ def check_torchrun(
         head = _first_line(exc).removesuffix("; its output ends with:")
         errors = ERROR_LINE.findall(getattr(exc, "output", ""))
         said = f"; first error: {errors[0].strip()}" if errors else ""
-        late = TORCHRUN_TIMEOUT_S if seconds >= TORCHRUN_TIMEOUT_S else None
+        late = TORCHRUN_DEADLINE_S if seconds >= TORCHRUN_DEADLINE_S else None
         what = "2 ranks" + (" with --local-addr=127.0.0.1" if meeting else "")
         measured, fix = explain(what, head + said, late)
         if meeting:

@@ -18,10 +18,11 @@ from multigpu.allreduce_sgd import (
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.exercises._learner_code import ranks_were_stuck
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks.allreduce_sgd import check_step_importable, train_data_parallel
-from multigpu.runtime.launch import WorkerError
+from multigpu.runtime.launch import QUICK_TIMEOUT_S, WorkerError
 
-TIMEOUT_S = 10.0  # a rank waiting longer in a collective is stuck: say so
+TIMEOUT_S = QUICK_TIMEOUT_S  # a rank waiting longer in a collective is stuck: say so
 
 
 def _max_loss_difference(a: History, b: History) -> float:
@@ -105,7 +106,7 @@ def check_step(
     config: TrainConfig,
     world_size: int = 2,
     tolerance: float | None = None,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Does ``step`` train exactly like :func:`~multigpu.allreduce_sgd.sgd_step`?
     (passed, what to fix) (08).
 
@@ -127,26 +128,26 @@ def check_step(
         alone = train_loop(model, X, y, config, step=step)
     except Exception as error:  # the learner's code: name it, never a traceback
         if "process group" in str(error):
-            return False, (
+            return fail(
                 "FAIL: in one process (distributed=False) your step called "
                 "torch.distributed, which needs a process group, and there is none: "
                 f"{_raised(error)} One process has nothing to all-reduce with; "
                 "communicate only when distributed is True."
             )
         alone_raised = _raised(error)
-        return False, f"FAIL: in one process your step raised {alone_raised}"
+        return fail(f"FAIL: in one process your step raised {alone_raised}")
     if max_parameter_difference(alone.parameters, cpu_state_dict(model)) == 0:
-        return False, _unchanged_weights(_watch_one_step(step, model, X, y, config))
+        return fail(_unchanged_weights(_watch_one_step(step, model, X, y, config)))
     weights = max_parameter_difference(alone.parameters, reference.parameters)
     if weights > tolerance:
-        return False, (
+        return fail(
             f"FAIL: in one process (distributed=False) your step ends {weights:.1e} "
             "away from sgd_step's weights. Clear the gradients "
             "(optimizer.zero_grad()), take the mean cross-entropy of model(X) "
             "against y, call loss.backward(), then optimizer.step()."
         )
     if _max_loss_difference(alone, reference) > tolerance:
-        return False, (
+        return fail(
             "FAIL: in one process your step trains like sgd_step, but the loss it "
             "returns is not the mean loss over its batch. Return loss.item()."
         )
@@ -155,27 +156,27 @@ def check_step(
             model, X, y, config, world_size, timeout=TIMEOUT_S, step=step
         )
     except WorkerError as error:
-        return False, _failed_on_ranks(error, world_size)
+        return fail(_failed_on_ranks(error, world_size))
     identical, weights, losses = compare_with_reference(results, reference)
     if not identical:
-        return False, (
+        return fail(
             f"FAIL: the {world_size} ranks ended with different weights: each "
             "stepped with its own gradient. When distributed, all-reduce every "
             "gradient (a sum over the ranks) between backward() and step()."
         )
     if weights > tolerance:
-        return False, (
+        return fail(
             "FAIL: the ranks agree with each other, but end "
             f"{weights:.1e} away from one process on the global batch. Divide the "
             "summed gradients by the world size, once."
         )
     if losses > tolerance:
-        return False, (
+        return fail(
             "FAIL: the weights match one process, but on the ranks your step "
             "returns another loss: return the rank's own mean loss, loss.item()."
         )
     within = f"{tolerance:.0e}".replace("e-0", "e-")  # 1e-9, not 1e-09
-    return True, (
+    return ok(
         f"PASS: in one process and on {world_size} ranks your step trains like "
         f"sgd_step: the same weights, and the same loss at each of the "
         f"{len(reference.step_loss)} steps (within {within})."

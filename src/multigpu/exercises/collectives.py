@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks import collectives as collective_ranks
 from multigpu.runtime import launch
 
@@ -89,7 +90,7 @@ def _probe(all_reduce: Callable, world_size: int) -> dict[str, bool]:
         world_size,
         RankProbe(all_reduce),
         PROBE_CASES,
-        timeout=10,
+        timeout=launch.QUICK_TIMEOUT_S,
     )[0]
     return {question: row["sum"] for question, row in zip(QUESTIONS, rows)}
 
@@ -177,7 +178,7 @@ def _launch_failure(error: launch.WorkerError, world_size: int) -> str:
 def check_ring_all_reduce(
     all_reduce: Callable[[torch.Tensor], object],
     world_sizes: tuple[int, ...] = (2, 3, 4),
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Is ``all_reduce`` (e.g. ``my_ring.ring_all_reduce``) a ring all-reduce?
     (passed, message naming the mistake) (07).
 
@@ -191,14 +192,14 @@ def check_ring_all_reduce(
                 collective_ranks.check_all_reduce_rank,
                 world_size,
                 all_reduce,
-                timeout=10,
+                timeout=launch.QUICK_TIMEOUT_S,
             )[0]
         except launch.WorkerError as error:
-            return False, _launch_failure(error, world_size)
+            return fail(_launch_failure(error, world_size))
         if not all(row["sum"] and row["ring bytes"] for row in rows):
-            return False, _diagnose(all_reduce, world_size, rows)
+            return fail(_diagnose(all_reduce, world_size, rows))
     sizes = ", ".join(str(n) for n in world_sizes)
-    return True, (
+    return ok(
         f"PASS: every rank holds the sum and returned the ring's bytes, on {sizes} "
         f"ranks, for {len(rows)} cases each."
     )

@@ -25,8 +25,9 @@ from multigpu.core.reproducibility import set_seed
 from multigpu.core.train import cpu_state_dict
 from multigpu.ddp import sampler_shards
 from multigpu.exercises._learner_code import ranks_were_stuck
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks.ddp_pitfalls import SampleLookupNet, counted_evaluation_rank
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import QUICK_TIMEOUT_S, WorkerError, spawn
 
 NUM_SAMPLES = 10  # on 4 ranks: shards of 3, 3, 2, 2; the padded sampler repeats 0, 1
 WORLD_SIZE = 4
@@ -64,7 +65,7 @@ def _as_pair(result: Any) -> tuple[float, float] | None:
         return None
 
 
-def check_evaluation(evaluation: Callable[..., Any]) -> tuple[bool, str]:
+def check_evaluation(evaluation: Callable[..., Any]) -> ExerciseResult:
     """Does ``evaluation(model, X, y) -> (mean loss, accuracy)``, called on every
     rank of a process group, count every sample exactly once and return what one
     process computes? (passed, what to fix) (09).
@@ -84,16 +85,22 @@ def check_evaluation(evaluation: Callable[..., Any]) -> tuple[bool, str]:
     model, X, y = evaluation_problem()
     try:
         runs = spawn(
-            counted_evaluation_rank, WORLD_SIZE, evaluation, model, X, y, timeout=10.0
+            counted_evaluation_rank,
+            WORLD_SIZE,
+            evaluation,
+            model,
+            X,
+            y,
+            timeout=QUICK_TIMEOUT_S,
         )
     except WorkerError as error:
-        return False, _launch_mistake(name, error)
+        return fail(_launch_mistake(name, error))
     problem = _sample_mistake([run["seen"] for run in runs])
     if problem:
-        return False, problem
+        return fail(problem)
     results = [_as_pair(run["result"]) for run in runs]
     if any(result is None for result in results):
-        return False, (
+        return fail(
             f"FAIL: {name} must return two numbers, (mean loss, accuracy); it "
             f"returned {runs[results.index(None)]['result']!r}."
         )
@@ -148,7 +155,7 @@ def _launch_mistake(name: str, error: WorkerError) -> str:
 
 def _number_mistake(
     name: str, model: SampleLookupNet, y: torch.Tensor, results: list
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Compare the ranks' (loss, accuracy) with one process's and name the
     mistake whose numbers they match."""
     shards = [list(range(rank, NUM_SAMPLES, WORLD_SIZE)) for rank in range(WORLD_SIZE)]
@@ -160,14 +167,14 @@ def _number_mistake(
         which = (
             " (rank 0's numbers are its own shard's)" if _close(results[0], own) else ""
         )
-        return False, (
+        return fail(
             f"FAIL: the ranks returned different numbers{which}: each reported its "
             "own shard only. The sums of loss, correct predictions and samples "
             "must be added up over the ranks (a collective) before dividing, so "
             "that every rank returns the numbers of all the samples."
         )
     if _close(results[0], truth):
-        return True, (
+        return ok(
             f"PASS: {name} counts each of the {NUM_SAMPLES} samples once on "
             f"{WORLD_SIZE} ranks and returns one process's loss and accuracy "
             f"({truth[1]:.2f})."
@@ -176,19 +183,19 @@ def _number_mistake(
     mean_of_means = tuple(sum(column) / WORLD_SIZE for column in zip(*means))
     padded_total = WORLD_SIZE * math.ceil(NUM_SAMPLES / WORLD_SIZE)
     if _close(results[0], mean_of_means):
-        return False, (
+        return fail(
             "FAIL: you averaged the ranks' means, but the shards have unequal sizes "
             f"({', '.join(str(len(s)) for s in shards)}), so a sample on a smaller "
             "shard weighs more. All-reduce the sums and the count, then divide."
         )
     if _close(results[0], (loss / padded_total, correct / padded_total)):
-        return False, (
+        return fail(
             f"FAIL: you divided by {padded_total}, the padded total (every rank "
             "counted as if it held as many samples as the longest shard), but only "
             f"{NUM_SAMPLES} samples exist: the sums were divided by samples that "
             "were never evaluated."
         )
-    return False, (
+    return fail(
         f"FAIL: every sample was counted once, but the ranks returned loss "
         f"{results[0][0]:.4f}, accuracy {results[0][1]:.4f}; one process gets "
         f"{truth[0]:.4f}, {truth[1]:.4f}: the mean loss and the accuracy of all "
@@ -310,7 +317,7 @@ def check_trained_weights(
     weights: Mapping[str, torch.Tensor],
     reference: Mapping[str, torch.Tensor],
     world_size: int = 2,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Do the weights a learner's DDP script saved equal one process's on the
     global batch (float64, to 1e-12)? (passed, message naming the mistake) (09,
     exercise 3).
@@ -320,18 +327,18 @@ def check_trained_weights(
     with each common mistake: no ``set_epoch``, a per-rank batch of the global
     batch's size, no ``DistributedSampler``."""
     if any(key.startswith("module.") for key in weights):
-        return False, (
+        return fail(
             "FAIL: the saved keys start with 'module.': you saved the DDP wrapper's "
             "state_dict. Save model.module.state_dict() on rank 0."
         )
     if set(weights) != set(reference):
-        return False, (
+        return fail(
             f"FAIL: the saved keys {sorted(weights)} are not ConvNet's "
             f"{sorted(reference)}. Save model.module.state_dict() on rank 0."
         )
     difference = max_parameter_difference(weights, reference)
     if difference <= 1e-12:
-        return True, (
+        return ok(
             f"PASS: your script on {world_size} ranks ends at the weights of one "
             "process on the global batch (max difference below 1e-12)."
         )
@@ -344,12 +351,14 @@ def check_trained_weights(
         torch.set_rng_state(states[2])
     for mistake, theirs in mistakes:
         if max_parameter_difference(weights, theirs) < _SAME:
-            return False, MISTAKES[mistake].format(
-                batch=GLOBAL_BATCH,
-                doubled=GLOBAL_BATCH * world_size,
-                world_size=world_size,
+            return fail(
+                MISTAKES[mistake].format(
+                    batch=GLOBAL_BATCH,
+                    doubled=GLOBAL_BATCH * world_size,
+                    world_size=world_size,
+                )
             )
-    return False, (
+    return fail(
         f"FAIL: your weights are {difference:.1e} away from one process on the "
         "global batch, and from what the common mistakes give (a sampler never "
         "told the epoch, a per-rank batch as large as the global one, no sampler). "

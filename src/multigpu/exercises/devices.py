@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from multigpu.core.visible_devices import visible_gpus
+from multigpu.exercises._result import ExerciseResult, fail, ok
 
 # (CUDA_VISIBLE_DEVICES, GPUs in the machine, the rule a wrong answer breaks)
 CASES: list[tuple[str | None, int, str]] = [
@@ -52,7 +53,7 @@ def _setting(value: str | None, gpu_count: int) -> str:
     return f"with CUDA_VISIBLE_DEVICES{shown} on a machine with {gpu_count} GPUs"
 
 
-def check_visible_gpus(learner: Callable) -> tuple[bool, str]:
+def check_visible_gpus(learner: Callable) -> ExerciseResult:
     """Does ``learner(value, gpu_count)`` give the physical GPU of each logical id,
     as the CUDA driver numbers them, on every value of ``CASES``? (passed, message)
     (00)."""
@@ -61,27 +62,27 @@ def check_visible_gpus(learner: Callable) -> tuple[bool, str]:
         try:
             got = learner(value, gpu_count)
         except Exception as error:  # the learner's code: any error is a FAIL
-            return False, (
+            return fail(
                 f"FAIL: {_setting(value, gpu_count)}, your function raised "
                 f"{type(error).__name__}: {error}. Remember: {rule}."
             )
         if not isinstance(got, (list, tuple, range)):
-            return False, (
+            return fail(
                 f"FAIL: {_setting(value, gpu_count)}, your function returned "
                 f"{got!r}, not a list: return one physical id per logical id, "
                 "cuda:0 first."
             )
         if not all(isinstance(entry, int) for entry in got):
-            return False, (
+            return fail(
                 f"FAIL: {_setting(value, gpu_count)}, you return {list(got)}: a "
                 "physical id is an integer, the number an entry starts with."
             )
         if list(got) != expected:
-            return False, (
+            return fail(
                 f"FAIL: {_setting(value, gpu_count)}, you return {list(got)}, but the "
                 f"process sees {expected}: {rule}."
             )
-    return True, (
+    return ok(
         f"PASS: your renumbering agrees with the driver's on all {len(CASES)} values "
         "tried: the order kept, entries read by their leading number, a bad or "
         "negative entry or a missing GPU ending the list, a repeat hiding them all."

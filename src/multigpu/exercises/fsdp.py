@@ -9,9 +9,10 @@ import torch
 
 from multigpu.core.train import TrainConfig
 from multigpu.exercises._learner_code import importable_or_raise, last_line
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.fsdp.models import TiedFrozenNet
 from multigpu.ranks.fsdp import unit_hooks_rank
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import DEFAULT_TIMEOUT_S, WorkerError, spawn
 from multigpu.zero import make_data, train_single_process_adam
 
 # ------------------------------------------------------ the hooks of one unit
@@ -135,7 +136,7 @@ def _hook_mistake(entry: dict[str, Any], rank: int, world_size: int) -> str:
     )
 
 
-def check_unit_hooks(hooks: Any, timeout: float = 30.0) -> tuple[bool, str]:
+def check_unit_hooks(hooks: Any, timeout: float = DEFAULT_TIMEOUT_S) -> ExerciseResult:
     """Train a model with a tied, a frozen and an unused layer on 2 and 3 ranks,
     float32 and float64, with each unit's life left to ``hooks`` (a class with
     pre_forward, post_forward, pre_backward and post_backward, from an importable
@@ -156,12 +157,12 @@ def check_unit_hooks(hooks: Any, timeout: float = 30.0) -> tuple[bool, str]:
             ranks = spawn(unit_hooks_rank, world_size, hooks, runs, timeout=timeout)
         except WorkerError as error:
             if error.timed_out or "collective mismatch" in str(error):
-                return False, (
+                return fail(
                     f"FAIL: on {world_size} ranks the ranks waited for each other "
                     "until the timeout: a collective in your hooks ran on some "
                     "ranks only, or in another order on some ranks."
                 )
-            return False, (
+            return fail(
                 f"FAIL: your hooks raised on rank {error.rank} of {world_size}: "
                 f"{last_line(error)}"
             )
@@ -173,14 +174,14 @@ def check_unit_hooks(hooks: Any, timeout: float = 30.0) -> tuple[bool, str]:
         ]
         if mistakes:  # a rank whose hook left a wrong state, before one that raised
             entry, rank = min(mistakes, key=lambda found: "raised" in found[0])
-            return False, _hook_mistake(entry, rank, world_size)
+            return fail(_hook_mistake(entry, rank, world_size))
         for dtype in dtypes:
             expected = references[dtype].parameters
             for rank, reports in enumerate(ranks):
                 got = reports[dtypes.index(dtype)]["parameters"]
                 gap = max((got[n] - expected[n]).abs().max().item() for n in expected)
                 if not gap <= HOOKS_BOUNDS[dtype]:
-                    return False, (
+                    return fail(
                         f"FAIL: every hook left its unit as it should, but after "
                         f"training rank {rank}'s weights differ from one process's "
                         f"by {gap:.1e} in {dtype} on {world_size} ranks (at most "
@@ -189,7 +190,7 @@ def check_unit_hooks(hooks: Any, timeout: float = 30.0) -> tuple[bool, str]:
         order = order or ranks[0][0]["log"]
         peak = max(report["peak gathered units"] for r in ranks for report in r)
     life = "; ".join(f"{e['moment']} {e['unit']}" for e in order[:4])
-    return True, (
+    return ok(
         "PASS: on 2 and 3 ranks, in float32 and float64, your hooks train like one "
         "process (within 1e-06 and 1e-12), with a tied, a frozen and an unused "
         "layer. Every unit is gathered before its forward, freed after it, gathered "

@@ -14,6 +14,7 @@ from torch import nn
 
 from multigpu.core.checks import check_positive_int
 from multigpu.exercises._learner_code import importable_or_raise, last_line
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.fsdp2 import MicroBatch, train_one_process
 from multigpu.fsdp2.memory import BUDGET_SIZES, budget_model
 from multigpu.ranks.fsdp2_exercises import (
@@ -22,6 +23,8 @@ from multigpu.ranks.fsdp2_exercises import (
     meta_exercise_rank,
 )
 from multigpu.runtime.launch import (
+    CROWDED_TIMEOUT_S,
+    SLOW_TIMEOUT_S,
     WorkerError,
     spawn,
 )
@@ -60,7 +63,7 @@ def check_accumulation_step(
     step_function: AccumulationStep,
     world_size: int = 2,
     tolerance: float = 1e-12,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run the learner's ``step_function(model, optimizer, micro_batches)`` (from
     an importable module) on ``world_size`` ranks, FSDP2 and plain SGD, for 2 steps
     of 3 micro-batches: does it train like one process on the whole batch, reduce
@@ -78,16 +81,16 @@ def check_accumulation_step(
             model,
             steps,
             LR,
-            timeout=60,
+            timeout=SLOW_TIMEOUT_S,
         )
     except WorkerError as error:
         last = (error.traceback.strip().splitlines() or [str(error)])[-1]
-        return False, f"FAIL: your step raised an error: {last}"
+        return fail(f"FAIL: your step raised an error: {last}")
     result = per_rank[0]
     units = result["units"]
     if result["optimizer steps"] != count:
         every = " (one per micro-batch)" * (result["optimizer steps"] == count * micro)
-        return False, (
+        return fail(
             f"FAIL: the optimizer stepped {result['optimizer steps']} times in "
             f"{count} steps{every}, so the weights moved on parts of the batch: "
             "accumulation adds the micro-batches' gradients and steps once on "
@@ -95,7 +98,7 @@ def check_accumulation_step(
             "sit)."
         )
     if result["reduce-scatters"] == 0:
-        return False, (
+        return fail(
             "FAIL: no gradient was ever reduced (0 reduce-scatters): gradient sync "
             "was still off for the last micro-batch, so the sharded gradients stayed "
             "empty and the optimizer had nothing to apply."
@@ -105,12 +108,12 @@ def check_accumulation_step(
     if distance > tolerance:
         undivided = train_one_process(model, steps, LR * micro, optimizer="sgd")
         if _distance(result["parameters"], undivided.parameters) < tolerance:
-            return False, (
+            return fail(
                 f"FAIL: the weights moved {micro} times too far: they are what the "
                 f"sum of the {micro} micro-batches' mean losses trains, not the mean "
                 "loss over the whole batch."
             )
-        return False, (
+        return fail(
             f"FAIL: after {count} steps the weights are {distance:.1e} away from one "
             "process on the whole batch: the gradients summed over the micro-batches "
             "are not the gradient of the mean loss over all of them."
@@ -123,13 +126,13 @@ def check_accumulation_step(
             if every
             else "gradients were reduced more often than once per step"
         )
-        return False, (
+        return fail(
             f"FAIL: the weights are right, but {why}: "
             f"{result['reduce-scatters']} reduce-scatters instead of {expected} "
             f"({units} units x {count} steps): gradient sync stayed on for the "
             "micro-batches before the last."
         )
-    return True, (
+    return ok(
         f"PASS: on {world_size} ranks your step trains like one process on the whole "
         f"batch (within {tolerance:.0e}), with {expected} reduce-scatters ({units} "
         f"units x {count} steps, one per unit per step) and one optimizer step per "
@@ -186,7 +189,7 @@ def _diagnose_meta(report: dict) -> str | None:
 
 def check_build_sharded(
     build_function: MetaBuildFunction, world_size: int = 2
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run the learner's ``build_function(build, mesh)`` (from an importable module)
     on ``world_size`` ranks: does it build on the meta device, shard every Linear
     and the whole model, allocate only this rank's shards (``to_empty`` after
@@ -195,17 +198,21 @@ def check_build_sharded(
     importable_or_raise(build_function, "build function")
     try:
         per_rank = spawn(
-            meta_exercise_rank, world_size, build_function, META_SIZES, timeout=60
+            meta_exercise_rank,
+            world_size,
+            build_function,
+            META_SIZES,
+            timeout=SLOW_TIMEOUT_S,
         )
     except WorkerError as error:
         last = (error.traceback.strip().splitlines() or [str(error)])[-1]
-        return False, f"FAIL: your build function raised an error: {last}"
+        return fail(f"FAIL: your build function raised an error: {last}")
     for report in per_rank:
         message = _diagnose_meta(report)
         if message:
-            return False, message
+            return fail(message)
     stored, whole = per_rank[0]["stored bytes"], per_rank[0]["whole bytes"]
-    return True, (
+    return ok(
         f"PASS: on {world_size} ranks the model was built on the meta device, "
         f"sharded layer by layer, and each rank allocated {stored:,} of its "
         f"{whole:,} bytes and initialised them with reset_parameters."
@@ -321,7 +328,7 @@ def _diagnose_budget(per_rank: list[dict], tolerance: float) -> str | None:
 
 def check_wrap_within_budget(
     wrap_function: WrapFunction, world_size: int = BUDGET_RANKS
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run the learner's ``wrap_function(model, mesh)`` (from an importable module)
     on ``world_size`` ranks: 2 SGD steps of the budget model under PyTorch's
     ``FSDPMemTracker``. Is every rank's peak within :data:`BUDGET_BYTES`, are the
@@ -338,21 +345,21 @@ def check_wrap_within_budget(
             BUDGET_SIZES,
             batches,
             BUDGET_LR,
-            timeout=120,
+            timeout=CROWDED_TIMEOUT_S,
         )
     except WorkerError as error:
-        return False, (
+        return fail(
             "FAIL: your wrap, or a training step of the model it returned, raised "
             f"an error: {last_line(error)}"
         )
     report = per_rank[0]
     if report["returned"] == "not a module":
-        return False, (
+        return fail(
             f"FAIL: wrap returned {report['type']}, not the model: the checker "
             "trains what wrap returns."
         )
     if report["returned"] == "not sharded":
-        return False, _not_sharded(report)
+        return fail(_not_sharded(report))
     steps = [[batch] for batch in batches]
     reference = train_one_process(budget_model(), steps, BUDGET_LR, optimizer="sgd")
     for result in per_rank:
@@ -361,9 +368,9 @@ def check_wrap_within_budget(
     tolerance = FP32_TOLERANCE if fp32 else BF16_TOLERANCE
     message = _diagnose_budget(per_rank, tolerance)
     if message:
-        return False, message
+        return fail(message)
     peak = max(r["peak"]["total"] for r in per_rank)
-    return True, (
+    return ok(
         f"PASS: on {world_size} ranks every rank's peak was at most {peak:,} bytes, "
         f"within the budget of {BUDGET_BYTES:,}, and after 2 steps the weights are "
         f"within {tolerance:.0e} of one float32 process."

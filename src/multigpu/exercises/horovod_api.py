@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.models import ConvNet
 from multigpu.exercises._learner_code import last_line
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.runtime import launch
 
 TOLERANCE = 1e-12  # float64: rounding differences stay near 1e-15
@@ -129,8 +130,8 @@ def check_port(
     epochs: int = 2,
     batch_size: int = 32,
     world_size: int = 2,
-    timeout: float = 30.0,
-) -> tuple[bool, str]:
+    timeout: float = launch.DEFAULT_TIMEOUT_S,
+) -> ExerciseResult:
     """Does the DDP port ``main(rank, world_size, X, y, epochs, batch_size)`` (e.g.
     ``my_port.main``) end where the Horovod-style script does? (passed, message
     naming the mistake) (12). ``timeout``: seconds a rank waits in a collective."""
@@ -141,35 +142,35 @@ def check_port(
     except launch.WorkerError as error:
         said = f"{error}\n{error.traceback}".lower()
         if error.timed_out or "closed by peer" in said or "reset by peer" in said:
-            return False, (
+            return fail(
                 "FAIL: the ranks waited for each other until the timeout, or until "
                 "one of them returned: a collective (building DDP broadcasts; every "
                 "backward all-reduces) ran on some ranks and not on the others."
             )
-        return False, f"FAIL: your main raised on a rank: {last_line(error)}"
+        return fail(f"FAIL: your main raised on a rank: {last_line(error)}")
     expected = _initial_weights(0).keys()
     keys = results[0].keys()
     if keys != expected and all(k.startswith("module.") for k in keys):
-        return False, (
+        return fail(
             "FAIL: the names start with 'module.': you returned the DDP wrapper's "
             "state_dict. The check compares the ConvNet's own weights, those of "
             "the model inside the wrapper (its module)."
         )
     if keys != expected:
-        return False, (
+        return fail(
             "FAIL: the names you returned are not the ConvNet's: return the "
             "state_dict of the ConvNet you trained."
         )
     rank_0 = results[0]
     if any(max_parameter_difference(r, rank_0) > TOLERANCE for r in results[1:]):
         if all(_moved_like_rank_0(r, rank_0, s) for s, r in enumerate(results)):
-            return False, (
+            return fail(
                 "FAIL: the ranks took the same steps from different weights: "
                 "nothing gave them rank 0's. DistributedDataParallel broadcasts "
                 "rank 0's weights when it is built; gradients averaged by hand do "
                 "not."
             )
-        return False, (
+        return fail(
             "FAIL: the ranks end with different weights: each trained alone, as "
             "nothing averaged the gradients (that is what the DDP wrapper does "
             "during backward)."
@@ -179,10 +180,10 @@ def check_port(
         max_parameter_difference(rank_0, one_process_run(X, y, epochs, global_batch))
         <= TOLERANCE
     ):
-        return True, (
+        return ok(
             f"PASS: your DDP port on {world_size} ranks ends with the weights of "
             f"the Horovod-style run (one process on the batch of {global_batch})."
         )
-    return False, _diagnose_agreeing_ranks(
-        main, rank_0, X, y, epochs, batch_size, world_size
+    return fail(
+        _diagnose_agreeing_ranks(main, rank_0, X, y, epochs, batch_size, world_size)
     )

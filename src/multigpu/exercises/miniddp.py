@@ -9,9 +9,10 @@ from torch import nn
 from multigpu.allreduce_sgd import train_single_process
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import TrainConfig
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.miniddp import BucketedDDP
 from multigpu.ranks.miniddp import probe_rank
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import SLOW_TIMEOUT_S, WorkerError, spawn
 
 ASKED_FOR = ("gradient_ready", "synchronize")  # what the exercise asks the learner for
 
@@ -46,7 +47,7 @@ def check_wrapper(
     y: torch.Tensor,
     config: TrainConfig,
     world_size: int = 2,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Does ``wrapper``, a subclass of :class:`~multigpu.miniddp.BucketedDDP` with its
     own ``gradient_ready`` and ``synchronize``, train like one process on the global
     batch, and start each bucket's all-reduce during backward? (passed, what to
@@ -66,17 +67,17 @@ def check_wrapper(
         )
     failure = not_written(wrapper)
     if failure:
-        return False, failure
+        return fail(failure)
     reference = train_single_process(model, X, y, config)
     try:
         results = spawn(
-            probe_rank, world_size, wrapper, model, X, y, config, timeout=60.0
+            probe_rank, world_size, wrapper, model, X, y, config, timeout=SLOW_TIMEOUT_S
         )
     except WorkerError as error:
-        return False, rank_failure(error)
+        return fail(rank_failure(error))
     first = results[0]
     if any(result["blocking"] for result in results):
-        return False, (
+        return fail(
             "FAIL: gradient_ready ran its all-reduces synchronously, inside the "
             "hook: each call waited for the sum and returned no Work (bucket.work "
             "stayed None), so backward stood still while a bucket travelled and "
@@ -86,26 +87,26 @@ def check_wrapper(
         max_parameter_difference(r["run"].parameters, first["run"].parameters) > 0
         for r in results[1:]
     ):
-        return False, (
+        return fail(
             f"FAIL: the {world_size} ranks ended with different weights: each "
             "stepped with its own gradient, so the averaged buckets never reached "
             "the parameters' .grad."
         )
     distance = max_parameter_difference(first["run"].parameters, reference.parameters)
     if distance > 1e-9:
-        return False, (
+        return fail(
             f"FAIL: the ranks agree, but end {distance:.1e} away from one process on "
             "the global batch: the all-reduce sums the ranks' gradients, and their "
             "mean needs a division by the world size, exactly once."
         )
     started = first["started"]
     if first["buckets"] > 1 and (len(started) < 2 or started[-2] == 0):
-        return False, (
+        return fail(
             "FAIL: the weights are right, but no all-reduce had started before "
             "backward computed its last gradient, so nothing overlapped: every "
             "bucket was sent after backward had ended."
         )
-    return True, (
+    return ok(
         f"PASS: {wrapper.__name__} trains like one process on the global batch on "
         f"{world_size} ranks, and sent {started[-2]} of {first['buckets']} buckets "
         "before backward ended."

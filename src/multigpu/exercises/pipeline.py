@@ -17,6 +17,7 @@ from torch import nn
 
 from multigpu.core.checks import check_positive_int
 from multigpu.costmodel.pipeline import pipeline_bubble_fraction
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.pipeline import (
     COMPUTE_OPS,
     ScheduleFunction,
@@ -141,7 +142,7 @@ def check_one_f_one_b(
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     message_timeout: float = 3.0,
     tolerance: float = 1e-12,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Is ``schedule(stage, num_stages, num_microbatches)`` 1F1B: every message
     once, in an order that cannot deadlock, at most p - s micro-batches in flight
     on stage s, no more idle time than (p-1)/(m+p-1), and gradients equal to one
@@ -152,10 +153,10 @@ def check_one_f_one_b(
     if error is None:
         error = _diagnose_lists(actions, p, m)
     if error is not None:
-        return False, error
+        return fail(error)
     simulation = simulate_schedule(actions)
     if simulation.mismatches:
-        return False, (
+        return fail(
             f"FAIL: wrong micro-batch order: {simulation.mismatches[0]}. Messages "
             "between two ranks arrive in the order they were sent, so every stage "
             "must go through the micro-batches in the same order, 0, 1, 2, ..., "
@@ -168,17 +169,17 @@ def check_one_f_one_b(
             run_pipelines(model, X, y, p, [(m, actions, (0.0, 0.0), message_timeout)])
         except WorkerError as exc:
             if "MessageTimeoutError" not in str(exc):
-                return False, f"FAIL: the ranks failed: {str(exc).splitlines()[0]}"
-            return False, _deadlock_message(simulation.stuck, message_timeout)
+                return fail(f"FAIL: the ranks failed: {str(exc).splitlines()[0]}")
+            return fail(_deadlock_message(simulation.stuck, message_timeout))
     peaks = [in_flight_peak(a) for a in actions]
     for stage, peak in enumerate(peaks):
         if peak > min(p - stage, m):
             bound = min(p - stage, m)
-            return False, _too_many_in_flight(stage, peak, bound, actions[stage])
+            return fail(_too_many_in_flight(stage, peak, bound, actions[stage]))
     idle = bubble_fraction(simulation.blocks, p)
     formula = pipeline_bubble_fraction(p, m)
     if idle > formula + 1e-9:
-        return False, (
+        return fail(
             f"FAIL: no deadlock and few activations, but the stages sit idle "
             f"{idle:.0%} of the step, not 1F1B's (p-1)/(m+p-1) = {formula:.0%}: the "
             "stages do not overlap." + _too_few_warmup(actions, p, m)
@@ -189,8 +190,8 @@ def check_one_f_one_b(
         )[0]
     except WorkerError as exc:
         if "MessageTimeoutError" in str(exc):
-            return False, _deadlock_message({}, message_timeout)
-        return False, f"FAIL: the ranks failed: {str(exc).splitlines()[0]}"
+            return fail(_deadlock_message({}, message_timeout))
+        return fail(f"FAIL: the ranks failed: {str(exc).splitlines()[0]}")
     _, reference = one_process_gradients(model, X, y)
     worst = max(
         (run.gradients[n] - g).abs().max().item()
@@ -198,8 +199,8 @@ def check_one_f_one_b(
         if g is not None
     )
     if worst > tolerance:
-        return False, f"FAIL: the gradients are {worst:.1e} away from one process."
-    return True, (
+        return fail(f"FAIL: the gradients are {worst:.1e} away from one process.")
+    return ok(
         f"PASS: 1F1B on {p} stages with {m} micro-batches: no deadlock, "
         f"{', '.join(map(str, run.peak_in_flight))} micro-batches in flight at most on "
         f"stages 0-{p - 1} (p - s), idle "

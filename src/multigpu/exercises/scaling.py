@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from multigpu.costmodel import ring_bytes_theory
+from multigpu.exercises._result import ExerciseResult, fail, ok
 
 Fit = Callable[[Sequence[Mapping[str, float]]], tuple[float, float]]
 """The learner's ``fit(rows) -> (α in seconds, B in bytes per second)``, rows of
@@ -109,7 +110,7 @@ def _diagnose(fitted: tuple[float, float], n: int, alpha: float, B: float) -> st
     )
 
 
-def check_fit(fit: Fit) -> tuple[bool, str]:
+def check_fit(fit: Fit) -> ExerciseResult:
     """Does ``fit(rows)`` give back α and B from ring all-reduce times made with
     them, at 4, 3 and 2 ranks and for two links? (passed, what is wrong) (12)."""
     for n, alpha, bandwidth in CASES:
@@ -118,19 +119,19 @@ def check_fit(fit: Fit) -> tuple[bool, str]:
             result = fit([dict(row) for row in rows])
             fitted = (float(result[0]), float(result[1]))
         except Exception as error:  # the learner's code: any error is a FAIL
-            return False, (
+            return fail(
                 f"FAIL: your fit raised {type(error).__name__} on {len(rows)} rows "
                 f"at {n} ranks: {error}. It takes a list of rows (dicts) and "
                 "returns two numbers, α and B."
             )
         if not all(math.isfinite(value) for value in fitted):
-            return False, (
+            return fail(
                 f"FAIL: your fit returned {fitted} at {n} ranks: α and B must be "
                 "finite numbers."
             )
         if not (_close(fitted[0], alpha) and _close(fitted[1], bandwidth)):
-            return False, _diagnose(fitted, n, alpha, bandwidth)
-    return True, (
+            return fail(_diagnose(fitted, n, alpha, bandwidth))
+    return ok(
         "PASS: your fit gives α and B back from ring all-reduce times at 4, 3 and "
         "2 ranks, for two different links."
     )

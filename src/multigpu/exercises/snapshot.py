@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from multigpu.core.compare import max_parameter_difference
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks.snapshot_exercises import PROBE_STOP, snapshot_probe_rank
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import DEFAULT_TIMEOUT_S, WorkerError, spawn
 
 GENERATORS = {"torch": "torch's", "numpy": "NumPy's", "python": "Python's"}
 
@@ -75,8 +76,8 @@ def _rank_state_mistake(ranks: list[dict[str, Any]]) -> str | None:
 
 
 def check_snapshot(
-    save: Callable, load: Callable, timeout: float = 30.0
-) -> tuple[bool, str]:
+    save: Callable, load: Callable, timeout: float = DEFAULT_TIMEOUT_S
+) -> ExerciseResult:
     """Do ``save(path, model, optimizer, position, sampler, rank_state)`` and
     ``load(path, model, optimizer, sampler, device)`` let a run stopped in the
     middle of an epoch resume exactly where it stood? (passed, what to fix) (11).
@@ -92,54 +93,54 @@ snapshot_probe_rank`): a run with snapshots every 4 steps stops after step 9 and
             ranks = spawn(snapshot_probe_rank, 2, save, load, folder, timeout=timeout)
         except WorkerError as error:
             if error.timed_out or "timed out" in str(error).lower():
-                return False, (
+                return fail(
                     f"FAIL: the ranks waited for each other until the {timeout:g} s "
                     "timeout: a collective (dist.all_gather_object) ran on some "
                     "ranks only, and the others never joined it."
                 )
             last = str(error).strip().splitlines()[-1]
-            return False, f"FAIL: your save or load raised an error: {last}"
+            return fail(f"FAIL: your save or load raised an error: {last}")
     saved, restored = ranks[0]["saved"], ranks[0]["restored"]
     if "position" not in saved:
-        return False, "FAIL: save was never called: did the run train at all?"
+        return fail("FAIL: save was never called: did the run train at all?")
     want, got = saved["position"], restored["position"]
     if got.global_step == 0 and want.global_step > 0:
-        return False, (
+        return fail(
             "FAIL: load returned the start of training (global step 0), so the "
             f"resumed run started again from scratch instead of at step "
             f"{want.global_step}: the snapshot's Position did not come back."
         )
     if got.epoch == want.epoch and got.step == 0 < want.step:
-        return False, (
+        return fail(
             f"FAIL: the run resumed at the start of epoch {want.epoch + 1}, not at "
             f"its step {want.step}: the sampler dealt that epoch's first "
             f"{want.step} batches again (samples repeated). The step within the "
             "epoch was lost."
         )
     if got != want:
-        return False, (
+        return fail(
             f"FAIL: load returned {got}, but the snapshot was saved at {want}: "
             "the resumed run would deal other batches than the uninterrupted one."
         )
     if max_parameter_difference(saved["weights"], restored["weights"]) > 0:
-        return False, (
+        return fail(
             "FAIL: the model's weights after load are not the snapshot's: the "
             "resumed run starts from other weights than the ones saved."
         )
     if not _same(saved["momentum"], restored["momentum"]):
-        return False, (
+        return fail(
             "FAIL: the optimizer's state was not restored: SGD's momentum buffers "
             "start again from zero, so the steps after the resume differ (momentum "
             "lost)."
         )
     mistake = _rng_mistake(ranks)
     if mistake:
-        return False, mistake
+        return fail(mistake)
     mistake = _rank_state_mistake(ranks)
     if mistake:
-        return False, mistake
+        return fail(mistake)
     if any(report["saved"]["in_place"] for report in ranks):
-        return False, (
+        return fail(
             "FAIL: the snapshot file was rewritten in place (torch.save to its "
             "path): a rank killed while saving leaves half a file and no snapshot "
             "to resume from (not atomic)."
@@ -148,12 +149,12 @@ snapshot_probe_rank`): a run with snapshots every 4 steps stops after step 9 and
         ranks[0]["resumed"], ranks[0]["uninterrupted"]
     )
     if difference > 1e-12:
-        return False, (
+        return fail(
             "FAIL: everything save was given came back, yet the resumed run ends "
             f"{difference:.1e} away from the uninterrupted run's weights: the next "
             "steps depend on something load did not put back."
         )
-    return True, (
+    return ok(
         f"PASS: stopped after step {PROBE_STOP} and resumed from the snapshot "
         f"of step {want.global_step} (epoch {want.epoch + 1}, step {want.step}), "
         "every rank got back its own generators and state, the weights and the "

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from multigpu.exercises._result import ExerciseResult, fail, ok
+
 
 def per_rank_statistics(
     shards: list[torch.Tensor],
@@ -49,7 +51,7 @@ def _nan_mistake(got_mean: torch.Tensor, got_var: torch.Tensor) -> str | None:
     )
 
 
-def check_combine(combine: Callable) -> tuple[bool, str]:
+def check_combine(combine: Callable) -> ExerciseResult:
     """Does ``combine(counts, means, m2s)`` return the global ``(mean, var)`` per
     channel, ``var`` the biased variance BatchNorm normalises with, in float64 and
     in float32 with a large mean? (passed, what is wrong) (09b)."""
@@ -67,14 +69,14 @@ def check_combine(combine: Callable) -> tuple[bool, str]:
                 torch.as_tensor(t).double() for t in combine(counts, means, m2s)
             )
         except Exception as error:  # the learner's code: a FAIL, never a traceback
-            return False, (
+            return fail(
                 f"FAIL: combine raised {type(error).__name__}: {error}. It gets "
                 "counts (ranks,), means and m2s (ranks, channels) and returns "
                 "(mean, var), each (channels,)."
             )
         nan = _nan_mistake(got_mean, got_var)
         if nan:
-            return False, nan
+            return fail(nan)
         if (got_mean - mean).abs().max() > tolerance * max(1.0, offset):
             equal_weights = torch.allclose(got_mean, means.double().mean(0))
             why = (
@@ -83,12 +85,12 @@ def check_combine(combine: Callable) -> tuple[bool, str]:
                 if equal_weights
                 else "each rank's mean must count as many times as it has samples"
             )
-            return False, (
+            return fail(
                 "FAIL: the mean is not the global batch's: with ranks of 5, 0 and 11 "
                 f"samples, {why}."
             )
         if torch.allclose(got_var, var * n / (n - 1), rtol=tolerance, atol=0):
-            return False, (
+            return fail(
                 "FAIL: your variance divides by N - 1 (unbiased), but BatchNorm "
                 "normalises with the biased variance (the unbiased one is only "
                 "for running_var)."
@@ -97,24 +99,24 @@ def check_combine(combine: Callable) -> tuple[bool, str]:
             continue
         within = m2s.sum(0)  # each rank's own M2
         if torch.allclose(got_var, within.double() / n, rtol=1e-3, atol=0):
-            return False, (
+            return fail(
                 "FAIL: your variance adds only each rank's M2, the spread around its "
                 "own mean, and leaves out how far the ranks' means lie from the "
                 "global mean (rank 2's values are shifted by 3)."
             )
         if dtype == torch.float32:
-            return False, (
+            return fail(
                 "FAIL: right in float64, but in float32 with values near 1e4 your "
                 f"variance is {got_var.min().item():.3g} instead of about "
                 f"{var.min().item():.3g}: it subtracts two numbers near 1e8 whose "
                 "difference is about 1, and float32 keeps only about 7 digits "
                 "(E[x²] − mean² cancels)."
             )
-        return False, (
+        return fail(
             "FAIL: the mean is right, but the variance is not the global batch's "
             "biased variance: the ranks' M2s must be added up about the global mean."
         )
-    return True, (
+    return ok(
         "PASS: the global mean and biased variance, with ranks of 5, 0 and 11 "
         "samples, in float64 and in float32 around 1e4."
     )

@@ -13,9 +13,11 @@ from torch.nn import functional as F
 
 from multigpu.core.reproducibility import round_sig
 from multigpu.exercises._learner_code import importable_or_raise
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.exercises.tensor_parallel_plan import check_2d_plan, describe_failure
 from multigpu.ranks.tensor_parallel import loss_exercise_rank, mlp_exercise_rank
 from multigpu.runtime.launch import (
+    DEFAULT_TIMEOUT_S,
     WorkerError,
     spawn,
 )
@@ -26,7 +28,7 @@ __all__ = ["check_2d_plan", "check_row_parallel", "check_vocab_parallel_loss"]
 WORLD_SIZE = 2
 CLOSE = 1e-9  # float64: a right answer is ~1e-15 away
 VOCAB = 64  # exercise 2's vocabulary
-TIMEOUT_S = 30.0  # a collective that not every rank runs fails after this
+TIMEOUT_S = DEFAULT_TIMEOUT_S  # a collective that not every rank runs fails after this
 
 
 def _near(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -59,7 +61,7 @@ def check_row_parallel(
     copy_to: type[torch.autograd.Function],
     reduce_from: type[torch.autograd.Function],
     row_parallel_linear: Callable[..., torch.Tensor],
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run an MLP split over 2 ranks with the learner's f (``copy_to``), g
     (``reduce_from``) and ``row_parallel_linear(x_shard, weight_shard, bias)``;
     compare output and gradients with one process (15's exercise 1)."""
@@ -83,25 +85,25 @@ def check_row_parallel(
             timeout=TIMEOUT_S,
         )
     except WorkerError as error:
-        return False, describe_failure(error)
+        return fail(describe_failure(error))
     bias = mlp.fc2.bias.detach()
     for rank, result in enumerate(results):
         out = result["out"]
         if out.shape != expected.shape:
-            return False, (
+            return fail(
                 f"FAIL: rank {rank}'s output has shape {tuple(out.shape)}, not "
                 f"{tuple(expected.shape)}: the ranks' partial outputs were "
                 "concatenated (an all-gather?), but each of them is a partial sum "
                 "of the same output features."
             )
         if _near(out, expected + (WORLD_SIZE - 1) * bias):
-            return False, (
+            return fail(
                 "FAIL: the output is off by (world size - 1) x bias: every rank "
                 "added the bias before the all-reduce, which then summed it "
                 f"{WORLD_SIZE} times."
             )
         if not _near(out, expected):
-            return False, (
+            return fail(
                 f"FAIL: rank {rank}'s output differs from one process by "
                 f"{round_sig((out - expected).abs().max().item())}: each rank holds "
                 "only a partial sum of x·Aᵀ, and every rank must end with the whole "
@@ -111,19 +113,19 @@ def check_row_parallel(
     for rank, result in enumerate(results):
         x_grad = result["x_grad"]
         if _near(x_grad, shares[rank]):
-            return False, (
+            return fail(
                 "FAIL: the output is right, but the input's gradient is only this "
                 "rank's part of it: each rank's weight shard contributes a partial "
                 "gradient, and nothing adds them up (look at f's backward)."
             )
         if _near(x_grad, WORLD_SIZE * xr.grad):
-            return False, (
+            return fail(
                 f"FAIL: the input's gradient is {WORLD_SIZE} times too large: g's "
                 "backward all-reduces a gradient that is already whole on every "
                 "rank."
             )
         if not _near(x_grad, xr.grad):
-            return False, (
+            return fail(
                 "FAIL: the output is right but the input's gradient differs from "
                 "one process by "
                 f"{round_sig((x_grad - xr.grad).abs().max().item())}: look at the "
@@ -140,11 +142,11 @@ def check_row_parallel(
         }
         for name, want in expected_grads.items():
             if grads[name] is None or not _near(grads[name], want):
-                return False, (
+                return fail(
                     f"FAIL: output and input gradient are right, but rank {rank}'s "
                     f"gradient of {name} is not its shard of one process's."
                 )
-    return True, (
+    return ok(
         f"PASS: on {WORLD_SIZE} ranks the MLP's output and all gradients equal one "
         "process: one all-reduce forward (g), one backward (f)."
     )
@@ -218,7 +220,7 @@ def _gathered(rank: int, moved: int, tokens: int, local: int) -> str:
 
 def check_vocab_parallel_loss(
     loss_function: Callable[..., torch.Tensor],
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run the learner's per-token ``loss_function(local_logits, target, start)``
     on 2 ranks and compare with ``F.cross_entropy(..., reduction="none")`` of the
     whole logits; refuse a loss whose collectives move as many numbers as the
@@ -230,7 +232,7 @@ def check_vocab_parallel_loss(
             loss_exercise_rank, WORLD_SIZE, loss_function, cases, timeout=TIMEOUT_S
         )
     except WorkerError as error:
-        return False, describe_failure(error)
+        return fail(describe_failure(error))
     most = 0
     for index, (logits, target) in enumerate(cases):
         expected = F.cross_entropy(logits, target, reduction="none")
@@ -240,20 +242,20 @@ def check_vocab_parallel_loss(
             loss, moved = per_rank["losses"][index], per_rank["communicated"][index]
             most = max(most, moved)
             if loss.shape != expected.shape:
-                return False, (
+                return fail(
                     f"FAIL: the loss has shape {tuple(loss.shape)}: one loss per "
                     f"token has shape {tuple(expected.shape)}."
                 )
             if moved >= local:
-                return False, _gathered(rank, moved, len(target), local)
+                return fail(_gathered(rank, moved, len(target), local))
             if not torch.isfinite(loss).all():
-                return False, _LOSS_MISTAKES["overflow"]
+                return fail(_LOSS_MISTAKES["overflow"])
             if _near(loss, expected):
                 continue
             for mistake, values in wrong.items():
                 if _near(loss, values[rank]):
-                    return False, _LOSS_MISTAKES[mistake]
-            return False, (
+                    return fail(_LOSS_MISTAKES[mistake])
+            return fail(
                 f"FAIL: rank {rank}'s loss differs from the full cross-entropy by "
                 f"{round_sig((loss - expected).abs().max().item())}, and not in one "
                 "of the usual ways (a rank's own maximum, its own sum of "
@@ -262,7 +264,7 @@ def check_vocab_parallel_loss(
                 "the ranks: compare each part with one process on a small example."
             )
     tokens = len(cases[0][1])
-    return True, (
+    return ok(
         f"PASS: on {WORLD_SIZE} ranks your loss equals the full cross-entropy, for "
         f"logits around 1000 too, and no rank's collectives moved more than {most} "
         f"numbers for {tokens} tokens (a rank holds {VOCAB // WORLD_SIZE} logits "

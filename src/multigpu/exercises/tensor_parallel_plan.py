@@ -18,14 +18,15 @@ import torch
 
 from multigpu.core.reproducibility import round_sig
 from multigpu.exercises._learner_code import importable_or_raise, last_line
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks.tensor_parallel import plan_exercise_rank
-from multigpu.runtime.launch import WorkerError, spawn
+from multigpu.runtime.launch import DEFAULT_TIMEOUT_S, WorkerError, spawn
 from multigpu.tensor_parallel import make_block
 
 WORLD_SIZE = 4  # a (dp, tp) = (2, 2) mesh
 HEADS = 4
 CLOSE = 1e-9  # float64: a right answer is ~1e-15 away
-TIMEOUT_S = 30.0  # a collective that not every rank runs fails after this
+TIMEOUT_S = DEFAULT_TIMEOUT_S  # a collective that not every rank runs fails after this
 # Megatron's pairs: the first layers cut by columns, the second by rows.
 PAIRS = {"the attention": (("attn.q", "attn.k", "attn.v"), "attn.out")}
 PAIRS["the MLP"] = (("mlp.fc1",), "mlp.fc2")
@@ -164,7 +165,7 @@ def describe_failure(error: WorkerError) -> str:
     return f"FAIL: a rank raised {last_line(error)}"
 
 
-def check_2d_plan(parallelize: Callable[..., Any]) -> tuple[bool, str]:
+def check_2d_plan(parallelize: Callable[..., Any]) -> ExerciseResult:
     """Run the learner's ``parallelize(block, mesh)`` on a (dp, tp) = (2, 2) mesh
     of 4 ranks; name a wrong plan, then compare each rank's output and the whole
     gradients with one process on the whole batch (15's exercise 4)."""
@@ -175,17 +176,17 @@ def check_2d_plan(parallelize: Callable[..., Any]) -> tuple[bool, str]:
             plan_exercise_rank, WORLD_SIZE, parallelize, block, X, Y, timeout=TIMEOUT_S
         )
     except WorkerError as error:
-        return False, describe_failure(error)
+        return fail(describe_failure(error))
     first = results[0]
     mistake = _plan_mistake(first)
     if mistake:
-        return False, mistake
+        return fail(mistake)
     if first["error"]:
-        return False, f"FAIL: the block's {first['stage']} raised {first['error']}"
+        return fail(f"FAIL: the block's {first['stage']} raised {first['error']}")
     mistake = _compare(results)
     if mistake:
-        return False, mistake
-    return True, (
+        return fail(mistake)
+    return ok(
         "PASS: on a (dp, tp) = (2, 2) mesh your block's output on each dp group's "
         "half of the batch and all its gradients equal one process's: q, k, v and "
         "fc1 cut by columns, attn.out and fc2 by rows over tp, sharded over dp."

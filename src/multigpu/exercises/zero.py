@@ -19,8 +19,10 @@ from multigpu.core.checks import check_positive_int
 from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig, cpu_state_dict
 from multigpu.exercises._learner_code import importable_or_raise, last_line
+from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.ranks.zero import chunk_range, fsdp2_exercise_rank, zero2_exercise_rank
 from multigpu.runtime.launch import (
+    DEFAULT_TIMEOUT_S,
     WorkerError,
     spawn,
 )
@@ -165,8 +167,8 @@ def check_zero2_step(
     config: TrainConfig,
     world_size: int = 4,
     tolerance: float = 1e-10,
-    timeout: float = 30.0,
-) -> tuple[bool, str]:
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> ExerciseResult:
     """Does ``step`` (13's exercise 1, from an importable module) train like one
     process on the global batch on ``world_size`` ranks, each owning its
     ``torch.chunk`` piece of the flat buffer, with a reduce-scatter rather than an
@@ -183,15 +185,17 @@ def check_zero2_step(
             zero2_exercise_rank, world_size, step, model, X, y, config, timeout=timeout
         )
     except WorkerError as error:
-        return False, _diagnose_step_error(error, world_size, numel)
+        return fail(_diagnose_step_error(error, world_size, numel))
     distance = max(_distance(r["parameters"], reference.parameters) for r in results)
     if distance > tolerance:
-        return False, _diagnose_zero2_weights(
-            model, X, y, config, [r["parameters"] for r in results], tolerance
-        ).format(steps=steps, distance=distance)
+        return fail(
+            _diagnose_zero2_weights(
+                model, X, y, config, [r["parameters"] for r in results], tolerance
+            ).format(steps=steps, distance=distance)
+        )
     for rank, result in enumerate(results):
         if result["calls"].get("all_reduce"):
-            return False, (
+            return fail(
                 "FAIL: the weights are right, but your step all-reduces: every rank "
                 "receives the whole summed gradient and then uses only its chunk, "
                 "which is ZeRO-1's traffic and memory. In ZeRO-2 a rank receives "
@@ -199,13 +203,13 @@ def check_zero2_step(
             )
         kept, chunk = result["gradient bytes"], result["chunk bytes"]
         if kept > chunk:
-            return False, (
+            return fail(
                 f"FAIL: the weights are right, but rank {rank}'s shard.grad keeps "
                 f"{kept:,} bytes of gradient alive instead of at most its chunk's "
                 f"{chunk:,}: it is a view into a larger tensor, which stays in "
                 "memory as long as the view does."
             )
-    return True, (
+    return ok(
         f"PASS: on {world_size} ranks your step trains like one process (weights "
         f"within {tolerance:.0e} after {steps} steps), pads {numel:,} parameters to "
         f"{world_size} equal chunks, reduce-scatters the gradient and keeps only its "
@@ -268,7 +272,7 @@ def check_fsdp2_rank(
     config: TrainConfig,
     world_size: int = 2,
     tolerance: float = 1e-10,
-) -> tuple[bool, str]:
+) -> ExerciseResult:
     """Run ``rank_function`` (13's exercise 3, from an importable module) on
     ``world_size`` ranks: does it shard every Linear and the whole model with
     ``fully_shard`` on an explicit mesh, train like one process (as
@@ -293,22 +297,21 @@ def check_fsdp2_rank(
                 y,
                 config,
                 folder,
-                timeout=30,
             )
         except WorkerError as error:
-            return False, _diagnose_error(error, Path(folder))
+            return fail(_diagnose_error(error, Path(folder)))
         saved = (Path(folder) / ".metadata").is_file()
     for report in per_rank:  # every rank sees the same modules
         message = _diagnose_sharding(report)
         if message:
-            return False, message
+            return fail(message)
     if not saved:
-        return False, _NO_DCP_CHECKPOINT
+        return fail(_NO_DCP_CHECKPOINT)
     for rank, report in enumerate(per_rank):
         trained = report["model"]["parameters"]
         distance = _distance(trained, reference.parameters)
         if distance > tolerance:
-            return False, (
+            return fail(
                 f"FAIL: on rank {rank} the trained weights are {distance:.1e} away "
                 "from one process on the global batch: the optimizer did not train "
                 "the sharded parameters as given (an optimizer built before "
@@ -316,13 +319,13 @@ def check_fsdp2_rank(
             )
         distance = _distance(report["fresh"]["parameters"], trained)
         if distance > tolerance:
-            return False, (
+            return fail(
                 f"FAIL: on rank {rank} fresh is {distance:.1e} away from the "
                 "weights you saved: the checkpoint never reached it. dcp.load runs "
                 "on every rank, after the save, and fills the sharded state dict of "
                 "fresh in place."
             )
-    return True, (
+    return ok(
         f"PASS: on {world_size} ranks your FSDP2 model (every Linear and the whole "
         "model sharded on an explicit CPU mesh) trains like one process (within "
         f"{tolerance:.0e}), and the DCP checkpoint it saved loads back equal."

@@ -11,6 +11,7 @@ from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig
 from multigpu.runtime.launch import (
     DEFAULT_DEADLINE_S,
+    DEFAULT_TIMEOUT_S,
     WorkerNotImportableError,
     check_importable,
     spawn,
@@ -69,7 +70,7 @@ def compare_data_parallel(
     y: torch.Tensor,
     configs: dict[str, TrainConfig],
     world_size: int,
-    timeout: float | None = 30.0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     backend: str = "gloo",
     deadline: float | None = DEFAULT_DEADLINE_S,
     step: Step = sgd_step,
@@ -109,7 +110,7 @@ def train_data_parallel(
     y: torch.Tensor,
     config: TrainConfig,
     world_size: int,
-    timeout: float | None = 30.0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     backend: str = "gloo",
     deadline: float | None = DEFAULT_DEADLINE_S,
     step: Step = sgd_step,

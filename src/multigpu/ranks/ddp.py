@@ -24,7 +24,7 @@ from multigpu.ddp import (
     wrap,
 )
 from multigpu.ranks.allreduce_sgd import train_rank as allreduce_sgd_train_rank
-from multigpu.runtime.launch import DEFAULT_DEADLINE_S, spawn
+from multigpu.runtime.launch import DEFAULT_DEADLINE_S, DEFAULT_TIMEOUT_S, spawn
 
 
 def train_rank(
@@ -46,7 +46,7 @@ def train_ddp(
     y: torch.Tensor,
     config: TrainConfig,
     world_size: int,
-    timeout: float | None = 30.0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     deadline: float | None = DEFAULT_DEADLINE_S,
     backend: str = "gloo",
     **options: Any,

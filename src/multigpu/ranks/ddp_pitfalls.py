@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from multigpu.runtime.launch import TORCHRUN_DEADLINE_S, deadline_not_timeout
+
 
 class SampleLookupNet(nn.Module):
     """A classifier that looks its logits up by sample: ``X[:, 0]`` holds each
@@ -54,13 +56,15 @@ def counted_evaluation_rank(
     return {"result": result, "seen": sorted(set(model.seen))}
 
 
+@deadline_not_timeout
 def run_deprecated_launch(
-    module: str, nproc_per_node: int = 1, timeout: float = 60.0
+    module: str, nproc_per_node: int = 1, deadline: float = TORCHRUN_DEADLINE_S
 ) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.launch --nproc-per-node=N -m module``, as the
     older walk-throughs start a script; its stdout and stderr as text (09).
 
-    The launcher and everything in its process group are killed at ``timeout``.
+    The launcher and everything in its process group are killed at ``deadline``
+    (seconds, the whole run), as :func:`~multigpu.runtime.launch.run_torchrun` does.
     """
     command = [
         sys.executable,
@@ -80,7 +84,7 @@ def run_deprecated_launch(
         start_new_session=True,
     )
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(timeout=deadline)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()

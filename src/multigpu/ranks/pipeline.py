@@ -21,7 +21,7 @@ from multigpu.pipeline import (
     schedule_actions,
     torch_pipeline_step,
 )
-from multigpu.runtime.launch import in_one_launch, spawn
+from multigpu.runtime.launch import SLOW_TIMEOUT_S, in_one_launch, spawn
 
 __all__ = [
     "pipeline_rank",
@@ -64,7 +64,7 @@ def run_pipelines(
     y: torch.Tensor,
     num_stages: int,
     steps: Sequence[tuple],
-    timeout: float = 60.0,
+    timeout: float = SLOW_TIMEOUT_S,
 ) -> list[PipelineRun]:
     """Start ``num_stages`` ranks once and run one pipeline step for each
     (num_microbatches, schedule[, delays[, message_timeout]]) of ``steps`` (16)."""
@@ -97,7 +97,7 @@ def run_torch_pipelines(
     y: torch.Tensor,
     num_stages: int,
     steps: Sequence[tuple[int, str]],
-    timeout: float = 60.0,
+    timeout: float = SLOW_TIMEOUT_S,
 ) -> list[list[dict]]:
     """Start ``num_stages`` ranks once and run ``torch.distributed.pipelining`` for
     each (num_microbatches, schedule) of ``steps``; per step, every rank's dict."""

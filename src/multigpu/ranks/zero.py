@@ -26,7 +26,7 @@ from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
 from multigpu.miniddp import broadcast_from_rank0
-from multigpu.runtime.launch import spawn
+from multigpu.runtime.launch import SLOW_TIMEOUT_S, spawn
 from multigpu.zero import (
     Batch,
     ShardedHistory,
@@ -66,7 +66,7 @@ def compare_stages(
     config: TrainConfig,
     world_size: int,
     stages: Sequence[str] = ZERO_STAGES,
-    timeout: float = 60.0,
+    timeout: float = SLOW_TIMEOUT_S,
     batches: Sequence[Sequence[Batch]] | None = None,
 ) -> dict[str, list[ShardedHistory]]:
     """Train ``model`` with each of ``stages`` on ``world_size`` ranks, in one
@@ -171,7 +171,7 @@ def train_fsdp2(
     config: TrainConfig,
     world_size: int,
     checkpoint_dir: str | Path | None = None,
-    timeout: float = 60.0,
+    timeout: float = SLOW_TIMEOUT_S,
 ) -> list[ShardedHistory]:
     """:func:`fsdp2_rank` on ``world_size`` ranks: each rank's history, by rank
     (13)."""
@@ -202,7 +202,7 @@ def load_fsdp2_checkpoint(
     model: nn.Module,
     checkpoint_dir: str | Path,
     world_size: int,
-    timeout: float = 60.0,
+    timeout: float = SLOW_TIMEOUT_S,
 ) -> list[dict[str, Any]]:
     """Load a checkpoint that :func:`train_fsdp2` saved on any number of ranks into
     FSDP2 on ``world_size`` ranks (:func:`fsdp2_load_rank`): each rank's

@@ -1,7 +1,10 @@
-"""Tests for multigpu.runtime.launch.timeouts: timeout=None, and what counts as
-torch.distributed giving up on its peers."""
+"""Tests for multigpu.runtime.launch.timeouts: timeout=None, what counts as
+torch.distributed giving up on its peers, and one meaning per word: ``timeout`` each
+collective, ``deadline`` the whole run, their defaults named once."""
 
+import ast
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +63,115 @@ def test_the_rank_that_timed_out_is_named_not_the_peer_it_left(no_leftovers):
         spawn(test_ranks.time_out_while_peer_waits_longer_rank, 2, timeout=1.0)
     assert caught.value.rank == 1
     assert caught.value.timed_out
+
+
+SRC = Path(__file__).resolve().parents[3] / "src" / "multigpu"
+LIMITS = ("timeout", "deadline")
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+
+
+def _defaults(function: ast.FunctionDef) -> list[tuple[str, ast.expr]]:
+    args = function.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d]
+    return [(arg.arg, default) for arg, default in pairs]
+
+
+def _parameters(function: ast.FunctionDef) -> set[str]:
+    args = function.args
+    return {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+
+
+def _number(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _callee(call: ast.Call) -> str:
+    function = call.func
+    return getattr(function, "id", None) or getattr(function, "attr", "")
+
+
+def _public(path: str, function: ast.FunctionDef) -> bool:
+    parts = Path(path).with_suffix("").parts
+    modules = [part for part in parts if part != "__init__"]
+    return not any(name.startswith("_") for name in [*modules, function.name])
+
+
+def limit_problems(sources: dict[str, str]) -> list[str]:
+    """Where ``sources`` (path -> Python source) restate a number for a timeout or
+    a deadline (a default, or an argument to one of their own functions that takes
+    one), or a public function takes ``deadline`` without refusing ``timeout=``."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    taking = {  # the functions defined here that take a timeout or a deadline
+        f.name for tree in trees.values() for f in _functions(tree)
+    } & {
+        f.name
+        for tree in trees.values()
+        for f in _functions(tree)
+        if _parameters(f) & set(LIMITS)
+    }
+    found = []
+    for path, tree in trees.items():
+        for function in _functions(tree):
+            for name, default in _defaults(function):
+                if name in LIMITS and _number(default):
+                    found.append(f"{path}:{default.lineno}: {name}={default.value}")
+            decorators = {getattr(d, "id", "") for d in function.decorator_list}
+            takes = _parameters(function)
+            if (
+                _public(path, function)
+                and "deadline" in takes
+                and "timeout" not in takes
+                and "deadline_not_timeout" not in decorators
+            ):
+                found.append(
+                    f"{path}:{function.lineno}: {function.name} takes a "
+                    "deadline but not @deadline_not_timeout"
+                )
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            for keyword in call.keywords:
+                if (
+                    keyword.arg in LIMITS
+                    and _number(keyword.value)
+                    and _callee(call) in taking
+                ):
+                    found.append(
+                        f"{path}:{keyword.lineno}: {_callee(call)}("
+                        f"{keyword.arg}={keyword.value.value})"
+                    )
+    return found
+
+
+def test_the_finder_finds_restated_limits_and_a_deadline_that_takes_a_timeout():
+    sources = {
+        "a.py": "def spawn(w, timeout=30.0, deadline=None): ...\n"
+        "def run(m, deadline=120): ...\n"
+        "spawn(f, timeout=10)\n"
+        "spawn(f, timeout=QUICK_TIMEOUT_S)\n"
+        "process.wait(timeout=5.0)\n",
+        "b.py": "@deadline_not_timeout\ndef run2(m, deadline=DEADLINE): ...\n",
+        "_c.py": "def error(deadline): ...\n",  # a private module's helper
+    }
+    assert limit_problems(sources) == [
+        "a.py:1: timeout=30.0",
+        "a.py:2: deadline=120",
+        "a.py:2: run takes a deadline but not @deadline_not_timeout",
+        "a.py:3: spawn(timeout=10)",
+    ]
+
+
+def test_every_limit_is_a_named_default_and_means_one_thing():
+    sources = {
+        str(path.relative_to(SRC.parents[1])): path.read_text(encoding="utf-8")
+        for path in sorted(SRC.rglob("*.py"))
+        if path != SRC / "runtime" / "launch" / "timeouts.py"
+    }
+    assert limit_problems(sources) == [], (
+        "name each default in multigpu/runtime/launch/timeouts.py and use the name; "
+        "a function whose limit bounds the whole run takes deadline= and is "
+        "decorated with @deadline_not_timeout"
+    )

@@ -1,6 +1,7 @@
 """Tests for multigpu.runtime.launch.torchrun: run_torchrun, exit_rank, and the
 torchrun example multigpu.ranks.torchrun_example."""
 
+import inspect
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from multigpu.ranks import torchrun_example
 from multigpu.runtime.launch import (
+    TORCHRUN_DEADLINE_S,
     TorchrunError,
     run_torchrun,
     start_torchrun,
@@ -21,7 +23,7 @@ from tests.runtime.launch.processes import SLACK, descendants, gone
 
 
 def test_run_torchrun_returns_the_output_of_the_ranks(no_leftovers):
-    result = run_torchrun("multigpu.ranks.torchrun_example", 2, timeout=120.0)
+    result = run_torchrun("multigpu.ranks.torchrun_example", 2)
     assert result.returncode == 0
     assert "world_size=2 sum=3 threads=1" in result.stdout
 
@@ -43,9 +45,7 @@ def test_ddp_keeps_the_gloo_threads_after_destroy_process_group(no_leftovers):
     # group's worker threads outlive destroy_process_group (and a garbage
     # collection). If a PyTorch release changes that, exit_rank's docstring and
     # notebook 09's explanation need another look.
-    result = run_torchrun(
-        "multigpu.ranks.torchrun_example", 2, "ddp-exit", timeout=120.0
-    )
+    result = run_torchrun("multigpu.ranks.torchrun_example", 2, "ddp-exit")
     line = next(x for x in result.stdout.splitlines() if "native threads" in x)
     before, during, after = (int(word) for word in line.split() if word.isdigit())
     assert during > before
@@ -90,7 +90,6 @@ def test_ranks_ending_with_exit_rank_never_abort(no_leftovers):
         4,
         "ddp-exit",
         "exit_rank",
-        timeout=120.0,
         check=False,
     )
     output = result.stdout + result.stderr
@@ -102,12 +101,28 @@ def test_ranks_ending_with_exit_rank_never_abort(no_leftovers):
 def test_run_torchrun_stops_a_run_that_takes_too_long():
     before = descendants()
     with pytest.raises(TorchrunError, match="did not finish within 0.5 s"):
-        run_torchrun("multigpu.ranks.torchrun_example", 1, timeout=0.5)
+        run_torchrun("multigpu.ranks.torchrun_example", 1, deadline=0.5)
     assert descendants() - before == set()
 
 
-RUN_TIMEOUT = 10.0  # run_torchrun's timeout in the tests of a stopped rank
-TRAINING = ("multigpu.ddp", 2, "--epochs", "50")  # far longer than RUN_TIMEOUT
+def test_run_torchrun_takes_a_deadline_and_refuses_a_timeout():
+    # timeout means each collective's bound (spawn's timeout=); the whole run's
+    # bound is deadline=, so a timeout= here must not quietly bound the whole run.
+    before = descendants()
+    with pytest.raises(TypeError) as refused:
+        run_torchrun("multigpu.ranks.torchrun_example", 1, timeout=120)
+    assert str(refused.value) == (
+        "run_torchrun() takes deadline=, not timeout=: deadline bounds the whole "
+        "run, timeout each collective (as in spawn). Pass deadline=120 instead of "
+        "timeout=120."
+    )
+    assert descendants() - before == set()  # refused before anything started
+    default = inspect.signature(run_torchrun).parameters["deadline"].default
+    assert default == TORCHRUN_DEADLINE_S
+
+
+RUN_DEADLINE = 10.0  # run_torchrun's deadline in the tests of a stopped rank
+TRAINING = ("multigpu.ddp", 2, "--epochs", "50")  # far longer than RUN_DEADLINE
 
 
 def _torchrun_started_by_this_process(within_s: float) -> psutil.Process:
@@ -162,33 +177,33 @@ def _left(processes: list[psutil.Process]) -> list[int]:
     return left
 
 
-def test_the_timeout_of_run_torchrun_bounds_a_run_with_a_stopped_rank():
+def test_the_deadline_of_run_torchrun_bounds_a_run_with_a_stopped_rank():
     # A stopped rank holds torchrun's output pipes and never answers SIGTERM: the
-    # run must still end at the timeout, with every process it started.
+    # run must still end at the deadline, with every process it started.
     outcome: dict = {}
 
     def run() -> None:
         started = time.monotonic()
         try:
-            run_torchrun(*TRAINING, timeout=RUN_TIMEOUT)
+            run_torchrun(*TRAINING, deadline=RUN_DEADLINE)
         except TorchrunError as error:
             outcome["error"] = str(error)
         outcome["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    torchrun = _torchrun_started_by_this_process(RUN_TIMEOUT)
-    processes = _stop_a_rank(torchrun, RUN_TIMEOUT)
-    thread.join(RUN_TIMEOUT + SLACK)
+    torchrun = _torchrun_started_by_this_process(RUN_DEADLINE)
+    processes = _stop_a_rank(torchrun, RUN_DEADLINE)
+    thread.join(RUN_DEADLINE + SLACK)
     returned = not thread.is_alive()
     left = _left(processes)
     thread.join(SLACK)  # the processes are gone: a run_torchrun that hung ends
-    assert returned, f"run_torchrun did not return within {RUN_TIMEOUT + SLACK} s"
+    assert returned, f"run_torchrun did not return within {RUN_DEADLINE + SLACK} s"
     assert outcome["error"] == (
         "torchrun -m multigpu.ddp did not finish within 10.0 s and was stopped. "
-        "Raise timeout=, or look for a rank that never joins."
+        "Raise deadline=, or look for a rank that never joins."
     )
-    assert RUN_TIMEOUT <= outcome["seconds"] < RUN_TIMEOUT + SLACK
+    assert RUN_DEADLINE <= outcome["seconds"] < RUN_DEADLINE + SLACK
     assert left == []
 
 
@@ -196,7 +211,7 @@ def test_stop_torchrun_ends_a_stopped_rank_within_its_grace(tmp_path):
     with open(tmp_path / "torchrun.log", "w") as log:
         process = start_torchrun(*TRAINING, output=log)
     try:
-        processes = _stop_a_rank(psutil.Process(process.pid), RUN_TIMEOUT)
+        processes = _stop_a_rank(psutil.Process(process.pid), RUN_DEADLINE)
         started = time.monotonic()
         stop_torchrun(process, grace=1.0)
         seconds = time.monotonic() - started

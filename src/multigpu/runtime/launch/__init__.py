@@ -18,10 +18,10 @@ deadlines, errors, what happens when the caller dies) is in ``docs/launch.md``.
 Files: ``errors`` (the exceptions), ``parent`` (spawn), ``_child`` (what runs in
 each rank), ``_diagnosis`` (from what the parent saw to one error), ``_stderr``,
 ``_watchdog`` (kills the ranks when the caller dies), ``_start`` (each rank's
-start, bounded by the deadline), ``timeouts``,
-``environment``, ``rank_functions`` (check_importable, in_one_launch),
-``torchrun`` and ``_process_tree`` (what a rank or torchrun started, and how to
-end it).
+start, bounded by the deadline), ``timeouts`` (timeout: each collective;
+deadline: the whole run; their defaults, named once), ``environment``,
+``rank_functions`` (check_importable, in_one_launch), ``torchrun`` and
+``_process_tree`` (what a rank or torchrun started, and how to end it).
 
 This package imports torch lazily, so that with "spawn" a child sets its thread
 limits before torch loads.
@@ -37,7 +37,6 @@ from multigpu.runtime.launch.errors import (
     WorkerNotImportableError,
 )
 from multigpu.runtime.launch.parent import (
-    DEFAULT_DEADLINE_S,
     MAX_RANKS,
     RANKS_PER_CORE,
     START_METHOD,
@@ -46,10 +45,18 @@ from multigpu.runtime.launch.parent import (
 )
 from multigpu.runtime.launch.rank_functions import check_importable, in_one_launch
 from multigpu.runtime.launch.timeouts import (
+    CROWDED_TIMEOUT_S,
+    DEFAULT_DEADLINE_S,
+    DEFAULT_TIMEOUT_S,
     MAX_TIMEOUT_S,
     MIN_TIMEOUT_S,
     NO_TIMEOUT,
+    QUICK_TIMEOUT_S,
+    RESTARTS_DEADLINE_S,
+    SLOW_TIMEOUT_S,
+    TORCHRUN_DEADLINE_S,
     as_timedelta,
+    deadline_not_timeout,
     is_communication_error,
     is_timeout,
 )
@@ -61,15 +68,21 @@ from multigpu.runtime.launch.torchrun import (
 )
 
 __all__ = [
+    "CROWDED_TIMEOUT_S",
     "DEFAULT_DEADLINE_S",
+    "DEFAULT_TIMEOUT_S",
     "HOST",
     "MAX_RANKS",
     "MAX_THREADS",
     "MAX_TIMEOUT_S",
     "MIN_TIMEOUT_S",
     "NO_TIMEOUT",
+    "QUICK_TIMEOUT_S",
     "RANKS_PER_CORE",
+    "RESTARTS_DEADLINE_S",
+    "SLOW_TIMEOUT_S",
     "START_METHOD",
+    "TORCHRUN_DEADLINE_S",
     "DeadlineExceededError",
     "RemoteTraceback",
     "TorchrunError",
@@ -77,6 +90,7 @@ __all__ = [
     "WorkerNotImportableError",
     "as_timedelta",
     "check_importable",
+    "deadline_not_timeout",
     "exit_rank",
     "in_one_launch",
     "is_communication_error",

@@ -46,11 +46,14 @@ def check_collective_timeout(timeout: Any) -> None:
         )
 
 
-def check_arguments(world_size: int, timeout: float | None, threads: int) -> None:
+def check_arguments(world_size: int, threads: int, **seconds: float | None) -> None:
+    """``world_size``, then each of ``seconds`` (``timeout=`` for spawn, ``deadline=``
+    for run_torchrun), then ``threads``."""
     check_positive_int(
         "world_size", world_size, "Ask for as many processes as you want ranks."
     )
-    check_seconds("timeout", timeout, "no timeout")
+    for name, value in seconds.items():
+        check_seconds(name, value, f"no {name}")
     fix = "Pass how many CPU threads each rank may use, e.g. threads=1."
     check_positive_int("threads", threads, fix)
     most = environment.MAX_THREADS

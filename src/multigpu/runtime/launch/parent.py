@@ -34,7 +34,11 @@ from multigpu.runtime.launch.rank_functions import (
     check_importable,
     check_main_importable,
 )
-from multigpu.runtime.launch.timeouts import as_timedelta
+from multigpu.runtime.launch.timeouts import (
+    DEFAULT_DEADLINE_S,
+    DEFAULT_TIMEOUT_S,
+    as_timedelta,
+)
 
 # "forkserver": children forked from a server process that imported torch once;
 # "spawn": each child starts a new interpreter and imports torch (seconds per rank).
@@ -49,7 +53,6 @@ FORKSERVER_PRELOAD = [
     "torch.distributed",
     "multigpu.runtime.launch._child",
 ]
-DEFAULT_DEADLINE_S = 300.0  # spawn's default bound on a whole launch, in seconds
 RANKS_PER_CORE = 4  # more ranks than this per CPU core: spawn warns
 MAX_RANKS_PER_CORE = 32  # more than this per CPU core: spawn refuses (MAX_RANKS)
 # The memory one rank takes at the least: 12 MiB of its own and 67 MiB of shared
@@ -147,7 +150,7 @@ def spawn(
     world_size: int,
     *args: Any,
     backend: str = "auto",
-    timeout: float | None = 30.0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     threads: int = 1,
     deadline: float | None = DEFAULT_DEADLINE_S,
 ) -> list[Any]:
@@ -157,7 +160,7 @@ def spawn(
     exact contract: docs/launch.md."""
     start = time.monotonic()
     check_importable(worker)
-    check_arguments(world_size, timeout, threads)
+    check_arguments(world_size, threads, timeout=timeout)
     check_collective_timeout(timeout)
     if START_METHOD != "fork":
         check_main_importable()

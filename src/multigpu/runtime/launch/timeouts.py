@@ -1,10 +1,40 @@
-"""When torch.distributed gave up waiting for its peers, the timedelta it gets for a
-timeout in seconds, and the timeouts spawn accepts (07)."""
+"""The two words for waiting, and their defaults, named once (07-16).
+
+``timeout`` bounds the rendezvous and each collective: how long a rank waits for
+its peers (spawn's ``timeout=``, the torchrun script's ``--timeout``). ``deadline``
+bounds a whole run, from the call to the last rank's exit (spawn's, run_torchrun's,
+run_with_restarts', run_nodes', the doctor's launches); a function whose limit bounds
+the whole run refuses ``timeout=`` (:func:`deadline_not_timeout`). Launchers take
+the defaults below instead of restating numbers. Also here: when torch.distributed
+gave up waiting for its peers, the timedelta it gets for a timeout in seconds, and
+the timeouts spawn accepts.
+"""
 
 from __future__ import annotations
 
+import functools
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
+from typing import ParamSpec, TypeVar
+
+# timeout=, in seconds: how long a rank waits in the rendezvous and in each collective.
+DEFAULT_TIMEOUT_S = 30.0  # spawn's; every launcher that does not say otherwise
+# Ranks with little to do between collectives (a checker's probe, the doctor): a
+# rank stuck in a collective is named within seconds.
+QUICK_TIMEOUT_S = 10.0
+# Ranks that build and train FSDP2, ZeRO, pipeline or MiniDDP models (13-16, 10's
+# checker): on a busy 2-core machine a peer may be that long between collectives.
+SLOW_TIMEOUT_S = 60.0
+# Twice that: more ranks than cores doing such work (14b's budget check, 4 ranks
+# under FSDPMemTracker).
+CROWDED_TIMEOUT_S = 2 * SLOW_TIMEOUT_S
+# deadline=, in seconds: how long a whole run may take.
+DEFAULT_DEADLINE_S = 300.0  # spawn's
+TORCHRUN_DEADLINE_S = 120.0  # run_torchrun's: one torchrun job
+# run_with_restarts' and run_nodes' (11): a job restarted after a fault, or one
+# torchrun per node.
+RESTARTS_DEADLINE_S = 240.0
 
 # What torch gets for timeout=None: a year (torch needs a finite timedelta, and much
 # longer ones overflow inside it).
@@ -61,3 +91,27 @@ def is_timeout(exc: BaseException, waited_s: float, timeout: float | None) -> bo
 def as_timedelta(timeout: float | None) -> timedelta:
     """The timedelta torch gets for ``timeout`` seconds (None: no timeout)."""
     return NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def deadline_not_timeout(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Make ``function``, whose ``deadline=`` bounds the whole run, refuse
+    ``timeout=`` with a ``TypeError`` that says to pass ``deadline=`` (07-11):
+    ``timeout`` means each collective's bound everywhere else, so it must not
+    quietly mean the whole run here."""
+
+    @functools.wraps(function)
+    def refusing(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if "timeout" in kwargs:
+            value = kwargs["timeout"]
+            raise TypeError(
+                f"{function.__name__}() takes deadline=, not timeout=: deadline "
+                "bounds the whole run, timeout each collective (as in spawn). Pass "
+                f"deadline={value!r} instead of timeout={value!r}."
+            )
+        return function(*args, **kwargs)
+
+    return refusing

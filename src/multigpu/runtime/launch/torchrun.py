@@ -17,15 +17,17 @@ from multigpu.runtime.launch._checks import check_arguments
 from multigpu.runtime.launch._process_tree import descendants, kill_tree
 from multigpu.runtime.launch.environment import laptop_environment
 from multigpu.runtime.launch.errors import TorchrunError
+from multigpu.runtime.launch.timeouts import TORCHRUN_DEADLINE_S, deadline_not_timeout
 
 _POLL_S = 0.5  # run_torchrun: how often it notes the processes torchrun started
 
 
+@deadline_not_timeout
 def run_torchrun(
     module: str,
     nproc_per_node: int,
     *args: Any,
-    timeout: float = 120.0,
+    deadline: float | None = TORCHRUN_DEADLINE_S,
     threads: int = 1,
     check: bool = True,
     master_port: int | None = None,
@@ -42,12 +44,14 @@ def run_torchrun(
     (``["--max-restarts=3"]``), ``rendezvous`` replaces ``--standalone`` with other
     rendezvous options, and ``env`` adds environment variables (11).
 
-    ``timeout`` bounds the whole run, ranks included: at the timeout torchrun and
-    every process it started are killed (SIGKILL; a stopped rank too), and so are
-    ranks that outlive torchrun. Its output goes to files, not pipes, so a rank
-    that holds them cannot make this wait.
+    ``deadline`` (seconds; None: no bound) bounds the whole run, ranks included: at
+    the deadline torchrun and every process it started are killed (SIGKILL; a
+    stopped rank too), and so are ranks that outlive torchrun. Its output goes to
+    files, not pipes, so a rank that holds them cannot make this wait. ``timeout=``
+    is refused: it means each collective's bound, which the script sets itself
+    (``--timeout`` of ``multigpu.ddp``).
     """
-    check_arguments(nproc_per_node, timeout, threads)
+    check_arguments(nproc_per_node, threads, deadline=deadline)
     command, environment = _command(
         module, nproc_per_node, args, threads, master_port, options, rendezvous, env
     )
@@ -55,14 +59,14 @@ def run_torchrun(
         process = _popen(command, environment, out, err)
         seen: set = set()  # torchrun's ranks: they leave its tree when it dies
         try:
-            finished = _wait(process, timeout, seen)
+            finished = _wait(process, deadline, seen)
         finally:
             kill_tree(process, seen)
         stdout, stderr = _read(out), _read(err)
     if not finished:
         raise TorchrunError(
-            f"torchrun -m {module} did not finish within {timeout} s and was "
-            "stopped. Raise timeout=, or look for a rank that never joins.",
+            f"torchrun -m {module} did not finish within {deadline} s and was "
+            "stopped. Raise deadline=, or look for a rank that never joins.",
             stdout + stderr,
         )
     result = subprocess.CompletedProcess(
@@ -96,7 +100,7 @@ def start_torchrun(
     default, or an open file, which takes both). Stop it with :func:`stop_torchrun`
     in a ``finally``.
     """
-    check_arguments(nproc_per_node, None, threads)
+    check_arguments(nproc_per_node, threads)
     command, environment = _command(
         module, nproc_per_node, args, threads, master_port, options, rendezvous, env
     )
@@ -156,10 +160,10 @@ def _popen(
     )
 
 
-def _wait(process: subprocess.Popen, timeout: float | None, seen: set) -> bool:
-    """Wait for ``process`` to exit (True) or for ``timeout`` seconds (False),
+def _wait(process: subprocess.Popen, deadline: float | None, seen: set) -> bool:
+    """Wait for ``process`` to exit (True) or for ``deadline`` seconds (False),
     noting in ``seen`` every process below it meanwhile."""
-    end = None if timeout is None else time.monotonic() + timeout
+    end = None if deadline is None else time.monotonic() + deadline
     while True:
         seen |= descendants(process.pid)
         left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())

@@ -2,7 +2,8 @@
 
 Each world size (1, 2, 4) starts its ranks once and runs every check's training in
 that launch (``ddp.in_one_launch``): starting processes costs more than training.
-The hard cases of tests/hard_cases.py get one launch per world size (2, 3, 4).
+The hard cases of tests/hard_cases.py (those the registry says DDP trains like one
+process) get one launch per world size (2, 3, 4).
 The ConvNet problem is float64, so "equal" means equal to ~1e-15, not luck. The
 fixtures are session-wide, so the test files of tests/ddp share the launches.
 """
@@ -27,7 +28,7 @@ from tests.ddp.problems import (
     make_problem,
 )
 from tests.ddp.ranks import agreement_rank
-from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.hard_cases import DTYPES, cases_for, hard_case_data, hard_case_model
 from tests.ranks import ddp_from_seed_rank
 
 
@@ -121,17 +122,18 @@ def runs(request, problem, bn_problem, eval_set, tmp_path_factory):
 
 
 def _hard_calls(world_size):
-    """The hard-case runs of one launch: {name: (rank function, arguments)}. The
-    run that raises goes last, so a broken DDP state cannot affect the others."""
+    """The hard-case runs of one launch: {name: (rank function, arguments)}, with
+    find_unused_parameters=True where the registry says a case needs it. The run
+    that raises goes last, so a broken DDP state cannot affect the others."""
     config = hard_config(world_size)
     find_unused = {"wrap_options": {"find_unused_parameters": True}}
     calls = {}
     for dtype in DTYPES:
         X, y = hard_case_data(dtype=dtype)
-        for build in (hard_case_model, tiny_model):
-            options = find_unused if build is hard_case_model else {}
-            arguments = (build, dtype, 0, X, y, config, options)
-            calls[(build.__name__, dtype)] = (ddp_from_seed_rank, arguments)
+        for case in cases_for("ddp"):
+            options = find_unused if case.find_unused_parameters else {}
+            arguments = (case.build, dtype, 0, X, y, config, options)
+            calls[(case.name, dtype)] = (ddp_from_seed_rank, arguments)
     X, y = hard_case_data()
     padded = {**find_unused, "padded_sampler": True}
     arguments = (hard_case_model, torch.float64, 0, X, y, config, padded)

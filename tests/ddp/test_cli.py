@@ -1,4 +1,6 @@
-"""The script's options: switches, and counts below one stop it."""
+"""The DDP script's options: switches, counts below one and the snapshot script's
+options stop it; the checks both scripts share (notebook 11's own options:
+tests/snapshot/test_cli.py)."""
 
 import argparse
 
@@ -19,26 +21,18 @@ def test_type_bool_trap_and_the_fix():
         ddp.parse_args(["--sync-bn", "False"])  # a value is refused, not misread
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (
-            ["--snapshot", "d", "--snapshot-every", "0"],
-            "--snapshot-every must be an integer of at least 1, got 0. Pass the "
-            "number of steps between snapshots, e.g. 5.",
-        ),
-        (
-            ["--samples", "-3"],
-            "--samples must be an integer of at least 1, got -3. Pass how many "
-            "training digits to use, or leave --samples out for all.",
-        ),
-    ],
-)
-def test_counts_below_one_stop_the_script_with_the_fix(capsys, argv, message):
+def test_counts_below_one_stop_the_script_with_the_fix(capsys):
     with pytest.raises(SystemExit) as caught:
-        ddp.parse_args(argv)
+        ddp.parse_args(["--samples", "-3"])
     assert caught.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(
+            "error: --samples must be an integer of at least 1, got -3. Pass how many "
+            "training digits to use, or leave --samples out for all."
+        )
+    )
     assert ddp.parse_args(["--samples", "1"]).samples == 1
 
 
@@ -65,9 +59,9 @@ def test_only_rank_0_of_the_first_launch_prints_a_wrong_option(capsys, monkeypat
 def test_a_folder_that_takes_no_file_is_refused_at_start(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")
-    assert _stopped(capsys, ddp.parse_args, ["--snapshot", f"{afile}/d"]) == (
-        f"--snapshot {afile}/d: {afile} is a file, not a folder. Pass a --snapshot "
-        "path in a folder you can write to, with space left."
+    assert _stopped(capsys, ddp.parse_args, ["--checkpoint", f"{afile}/d"]) == (
+        f"--checkpoint {afile}/d: {afile} is a file, not a folder. Pass a "
+        "--checkpoint path in a folder you can write to, with space left."
     )
     assert _stopped(capsys, ddp.parse_args, ["--checkpoint", str(tmp_path)]) == (
         f"--checkpoint {tmp_path} is a folder; pass a file name. Pass a --checkpoint "
@@ -91,15 +85,6 @@ def test_a_folder_that_takes_no_file_is_refused_at_start(capsys, tmp_path):
             "of the world size, e.g. 62 or 64.",
         ),
         (
-            ["--accumulation", "3"],
-            2,
-            1437,
-            22,
-            "--accumulation 3 does not split a per-rank batch of 32 into equal "
-            "micro-batches. Pass a --batch-size that is a multiple of 2 ranks x 3 = "
-            "6, or another --accumulation.",
-        ),
-        (
             ["--batch-size", "2000"],
             2,
             1437,
@@ -107,22 +92,6 @@ def test_a_folder_that_takes_no_file_is_refused_at_start(capsys, tmp_path):
             "the training set has 1437 samples, fewer than one global batch "
             "(--batch-size 2000) on 2 ranks: no rank would train a single step. Pass "
             "more --samples or a smaller --batch-size.",
-        ),
-        (
-            ["--snapshot", "d", "--kill-rank", "2", "--kill-at-step", "0"],
-            2,
-            1437,
-            22,
-            "--kill-rank 2 is not a rank of this run: torchrun started 2 (0 to 1). "
-            "Pass a rank from 0 to 1, or start more ranks.",
-        ),
-        (
-            ["--snapshot", "d", "--kill-rank", "0", "--kill-at-step", "110"],
-            2,
-            1437,
-            22,
-            "--kill-at-step 110 never comes: this run trains 110 steps (5 epochs of "
-            "22), so the fault would not fire. Pass a step from 0 to 109.",
         ),
     ],
 )
@@ -135,21 +104,29 @@ def test_options_that_do_not_fit_the_run_stop_it(
     )
 
 
-def test_options_that_fit_the_run_pass():
-    args = ddp.parse_args(
-        ["--snapshot", "d", "--kill-rank", "1", "--kill-at-step", "0"]
+def test_accumulation_that_does_not_split_the_batch_stops_the_script(capsys):
+    args = ddp.parse_args(["--accumulation", "3"])
+    assert _stopped(capsys, cli.check_accumulation, args, 2) == (
+        "--accumulation 3 does not split a per-rank batch of 32 into equal "
+        "micro-batches. Pass a --batch-size that is a multiple of 2 ranks x 3 = 6, or "
+        "another --accumulation."
     )
-    cli.check_run(args, 2, 1437, 22)  # returns: the first step is 0, rank 1 exists
+    cli.check_accumulation(ddp.parse_args(["--accumulation", "2"]), 2)  # returns
+
+
+def test_options_that_fit_the_run_pass():
+    cli.check_run(ddp.parse_args([]), 2, 1437, 22)  # returns
 
 
 def test_restarts_need_the_workers_own_store(capsys):
     env = {"TORCHELASTIC_MAX_RESTARTS": "3", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}
-    argv = ["--snapshot", "my dir"]
+    argv = ["--checkpoint", "my dir/last.pt", "--resume"]
     assert _stopped(capsys, cli.check_restarts, argv, env) == (
         "torchrun restarts need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which torchrun "
         "reads before it starts this script, so set it in the shell: "
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone "
-        "--nproc-per-node=2 --max-restarts=3 -m multigpu.ddp --snapshot 'my dir'"
+        "--nproc-per-node=2 --max-restarts=3 -m multigpu.ddp --checkpoint "
+        "'my dir/last.pt' --resume"
     )
     cli.check_restarts(argv, {**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     cli.check_restarts(argv, {**env, "TORCHELASTIC_MAX_RESTARTS": "0"})
@@ -159,18 +136,6 @@ def test_restarts_need_the_workers_own_store(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (
-            ["--step-delay", "0.1"],
-            "--step-delay needs --snapshot DIR: it slows the snapshot loop down, which "
-            "runs only with a snapshot folder. Add --snapshot DIR, or leave "
-            "--step-delay out.",
-        ),
-        (
-            ["--snapshot-every", "3"],
-            "--snapshot-every needs --snapshot DIR: it is how often the snapshot loop "
-            "saves, which runs only with a snapshot folder. Add --snapshot DIR, or "
-            "leave --snapshot-every out.",
-        ),
         (
             ["--resume"],
             "--resume needs --checkpoint FILE: the file it resumes from (and saves to "
@@ -191,11 +156,6 @@ def test_restarts_need_the_workers_own_store(capsys):
             "--timeout must be from 1 to 604800 seconds (a week), got 0.001. Pass "
             "e.g. --timeout 60.",
         ),
-        (
-            ["--snapshot", "d", "--step-delay", "1e300"],
-            "--step-delay must be from 0 to 60 seconds, got 1e+300. Pass e.g. "
-            "--step-delay 0.1.",
-        ),
     ],
 )
 def test_options_that_would_be_ignored_or_overflow_stop_the_script(
@@ -207,9 +167,26 @@ def test_options_that_would_be_ignored_or_overflow_stop_the_script(
 def test_the_options_ranges_include_their_ends():
     assert ddp.parse_args(["--timeout", "1"]).timeout == 1
     assert ddp.parse_args(["--timeout", "604800"]).timeout == 604800
-    args = ddp.parse_args(["--snapshot", "d", "--step-delay", "60"])
-    assert (args.step_delay, args.snapshot_every) == (60, 5)  # the default K
-    assert ddp.parse_args(["--no-resume", "--step-delay", "0"]).resume is False
+    assert ddp.parse_args(["--no-resume"]).resume is False
+
+
+def test_the_snapshot_script_s_options_are_refused_naming_that_script(capsys):
+    """Each option of ``python -m multigpu.snapshot`` alone (11), with a value or
+    not, written ``--option value`` or ``--option=value``."""
+    for argv in (
+        ["--snapshot", "d"],
+        ["--snapshot-every=3"],
+        ["--kill-rank", "1", "--kill-at-step", "3"],
+        ["--step-delay", "0.1"],
+    ):
+        option = argv[0].split("=")[0]
+        assert _stopped(capsys, ddp.parse_args, argv) == (
+            f"{option} is an option of notebook 11's script, which snapshots: pass "
+            "it to -m multigpu.snapshot instead of -m multigpu.ddp."
+        )
+    assert _stopped(capsys, ddp.parse_args, ["--snapshots", "d"]) == (
+        "unrecognized arguments: --snapshots d"  # not one of them: argparse's line
+    )
 
 
 @pytest.mark.parametrize(

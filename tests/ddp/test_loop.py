@@ -22,9 +22,10 @@ from tests.ddp.problems import (
 from tests.hard_cases import (
     DTYPES,
     NUM_SAMPLES,
+    assert_kept,
+    cases_for,
     hard_case_data,
     hard_case_model,
-    tiny_model,
 )
 
 
@@ -103,15 +104,16 @@ def test_nccl_ddp_equals_one_process(problem, reference):
             torch.testing.assert_close(history.parameters[key], tensor)
 
 
-# The hard cases (tests/hard_cases.py) on 2, 3 and 4 ranks, each rank building its
-# model from seed + rank: DDP broadcasts rank 0's, so one process starts from seed 0.
+# The hard cases (tests/hard_cases.py: those the registry says DDP trains like one
+# process) on 2, 3 and 4 ranks, each rank building its model from seed + rank: DDP
+# broadcasts rank 0's, so one process starts from seed 0.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
-BUILDS = {"hard_case_model": hard_case_model, "tiny_model": tiny_model}
+HARD_CASES = cases_for("ddp")
 
 
-def one_process(name, dtype, config):
+def one_process(case, dtype, config):
     X, y = hard_case_data(dtype=dtype)
-    return single_process(BUILDS[name](dtype, 0), X, y, config)
+    return single_process(case.build(dtype, 0), X, y, config)
 
 
 def padded_one_process(model, X, y, config, world_size):
@@ -136,17 +138,18 @@ def padded_one_process(model, X, y, config, world_size):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("name", BUILDS)
+@pytest.mark.parametrize("case", HARD_CASES, ids=lambda case: case.name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_ddp_equals_one_process_on_the_hard_cases(hard_runs, name, dtype):
+def test_ddp_equals_one_process_on_the_hard_cases(hard_runs, case, dtype):
     world_size = len(hard_runs["padded"])
     config = hard_config(world_size)
-    reference = one_process(name, dtype, config)
+    reference = one_process(case, dtype, config)
     assert len(reference.step_loss) == config.epochs * (
         NUM_SAMPLES // HARD_BATCH[world_size]
     )
+    start = case.build(dtype, 0).state_dict()  # rank 0's
     difference = 0.0
-    for result in hard_runs[(name, dtype)]:
+    for result in hard_runs[(case.name, dtype)]:
         history = result["history"]
         assert len(history.step_loss) == len(reference.step_loss)
         assert history.parameters.keys() == reference.parameters.keys()
@@ -154,29 +157,26 @@ def test_ddp_equals_one_process_on_the_hard_cases(hard_runs, name, dtype):
             torch.testing.assert_close(
                 history.parameters[key], tensor, rtol=0, atol=TOLERANCE[dtype]
             )
+        assert_kept(case, start, history.parameters)  # frozen, tied, unused, ...
         difference = max(
             difference,
             max_parameter_difference(history.parameters, reference.parameters),
         )
     print(
-        f"{world_size} ranks, {name}, {dtype}: max |DDP - one process| {difference:.2g}"
+        f"{world_size} ranks, {case.name}, {dtype}: max |DDP - one process| "
+        f"{difference:.2g}"
     )
 
 
-def test_ranks_built_from_their_own_seeds_start_different(hard_runs):
+@pytest.mark.parametrize("case", HARD_CASES, ids=lambda case: case.name)
+def test_ranks_built_from_their_own_seeds_start_different(hard_runs, case):
+    """Where the seed changes the weights, the ranks did start apart."""
+    first = case.build(torch.float64, 0).state_dict()
+    second = case.build(torch.float64, 1).state_dict()
+    apart = any(not torch.equal(first[k], second[k]) for k in first)
     for dtype in DTYPES:
-        assert all(r["differed before"] for r in hard_runs[("hard_case_model", dtype)])
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_frozen_stays_frozen_and_tied_stays_tied(hard_runs, dtype):
-    initial = hard_case_model(dtype, 0).state_dict()  # rank 0's
-    for result in hard_runs[("hard_case_model", dtype)]:
-        parameters = result["history"].parameters
-        for key in ("frozen.weight", "frozen.bias", "unused.weight", "scale"):
-            assert torch.equal(parameters[key], initial[key])
-        assert torch.equal(parameters["encode.weight"], parameters["decode.weight"])
-        assert not torch.equal(parameters["encode.weight"], initial["encode.weight"])
+        for result in hard_runs[(case.name, dtype)]:
+            assert result["differed before"] == apart
 
 
 def test_padded_sampler_adds_steps_and_equals_padding_emulated(hard_runs):
@@ -185,7 +185,7 @@ def test_padded_sampler_adds_steps_and_equals_padding_emulated(hard_runs):
     X, y = hard_case_data()
     model = hard_case_model(torch.float64, 0)
     emulated = padded_one_process(model, X, y, config, world_size)
-    exact = one_process("hard_case_model", torch.float64, config)
+    exact = single_process(model, X, y, config)
     for result in hard_runs["padded"]:
         history = result["history"]
         # one step more per epoch than one process: 7 instead of 6, 11 instead of 10

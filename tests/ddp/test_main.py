@@ -1,9 +1,9 @@
-"""The torchrun script: runs under torchrun, says to use it otherwise; from a shell,
-a wrong option is one line, and every command its docstrings print runs."""
+"""The DDP torchrun script: runs under torchrun, says to use it otherwise; from a
+shell, a wrong option is one line, and every command its docstrings print runs.
+Notebook 11's script, built on this one, is tested in tests/snapshot/test_main.py."""
 
 import importlib
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -14,6 +14,14 @@ import torch.distributed as dist
 
 from multigpu import ddp
 from multigpu.runtime.launch import run_torchrun
+from tests.ddp.scripts import (
+    SHELL_TIMEOUT,
+    as_rank_0_of,
+    check_one_line,
+    configuration_walk,
+    docstring_commands,
+    one_rank_runner,
+)
 from tests.faults.leftovers import run_shell
 
 
@@ -67,7 +75,6 @@ def test_torchrun_runs_the_script(tmp_path):
         "--no-progress",
         "--checkpoint",
         tmp_path / "last.pt",
-        timeout=120,
     )
     lines = result.stdout.splitlines()
     assert lines[0] == "2 ranks (gloo), global batch 256 = 2 x 128, lr 0.2"
@@ -78,20 +85,6 @@ def test_torchrun_runs_the_script(tmp_path):
 
 SCRIPT = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --no-progress"
 PROG = "torchrun --standalone --nproc-per-node=N -m multigpu.ddp"
-SHELL_TIMEOUT = 240  # one torchrun run from a shell on a busy 2-core machine
-
-
-def _script_errors(output):
-    """The ranks' one-line errors: the usage errors and ``rank R: ...`` lines."""
-    lines = output.splitlines()
-    return [line for line in lines if ": error: " in line or line.startswith("rank ")]
-
-
-def _check_one_line(code, output, expected):
-    assert _script_errors(output) == [expected], output[-3000:]
-    assert not any(line.startswith("[rank") for line in output.splitlines())
-    assert "exitcode  : 2" in output  # torchrun's summary: the ranks' status
-    assert code == 1  # torchrun's own: a rank failed
 
 
 WRONG_OPTIONS = [
@@ -132,27 +125,15 @@ WRONG_OPTIONS = [
         "write to, with space left.",
     ),
     (
-        "--snapshot s --kill-rank 5 --kill-at-step 3",
-        "--kill-rank 5 is not a rank of this run: torchrun started 2 (0 to 1). "
-        "Pass a rank from 0 to 1, or start more ranks.",
+        "--accumulation 3",
+        "--accumulation 3 does not split a per-rank batch of 32 into equal "
+        "micro-batches. Pass a --batch-size that is a multiple of 2 ranks x 3 = 6, "
+        "or another --accumulation.",
     ),
-    (
-        "--snapshot s --kill-rank 1 --kill-at-step -4",
-        "--kill-at-step must be 0 or "
-        "more, got -4. Pass the steps done before it dies, e.g. --kill-at-step 1.",
-    ),
-    (
-        "--snapshot s --samples 256 --epochs 2 --kill-rank 1 --kill-at-step 8",
-        "--kill-at-step 8 never comes: this run trains 8 steps (2 epochs of 4), so "
-        "the fault would not fire. Pass a step from 0 to 7.",
-    ),
-]
-WRONG_OPTIONS += [
     (
         "--step-delay 0.1",
-        "--step-delay needs --snapshot DIR: it slows the snapshot loop down, which "
-        "runs only with a snapshot folder. Add --snapshot DIR, or leave --step-delay "
-        "out.",
+        "--step-delay is an option of notebook 11's script, which snapshots: pass it "
+        "to -m multigpu.snapshot instead of -m multigpu.ddp.",
     ),
     (
         "--resume",
@@ -166,12 +147,8 @@ WRONG_OPTIONS += [
     ),
 ]
 # From a shell under torchrun: an option argparse refuses, one that does not fit the
-# data, one that does not fit the ranks torchrun started.
-FROM_A_SHELL = (
-    "--epochs 0",
-    "--samples 10",
-    "--snapshot s --kill-rank 5 --kill-at-step 3",
-)
+# data (one that does not fit the ranks torchrun started: tests/snapshot/test_main.py).
+FROM_A_SHELL = ("--epochs 0", "--samples 10")
 
 
 @pytest.mark.parametrize("options, message", WRONG_OPTIONS)
@@ -179,17 +156,24 @@ def test_a_wrong_option_is_one_line_before_the_group_starts(
     tmp_path, monkeypatch, capsys, options, message
 ):
     """The script's main on rank 0 of 2, as torchrun starts it, in this process."""
-    monkeypatch.chdir(tmp_path)
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    as_rank_0_of(2, monkeypatch, tmp_path)
     main = importlib.import_module(MAIN).main
     with pytest.raises(SystemExit) as exited:
         main(["--no-progress", *shlex.split(options)])
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"{PROG}: error: {message}\n"
     assert not dist.is_initialized()
-    assert not (tmp_path / "s").exists()  # stopped before the loop made it
+
+
+def test_the_configuration_is_walked_without_coming_back_to_the_script(
+    tmp_path, monkeypatch
+):
+    """Every option is checked below ``__main__``: control leaves it once, and comes
+    back only to train (here, where it joins the process group, it is stopped)."""
+    as_rank_0_of(2, monkeypatch, tmp_path)
+    main = importlib.import_module(MAIN).main
+    walk = configuration_walk(main, ["--samples", "256", "--no-progress"])
+    assert walk.count(MAIN) == 1 and walk[0] == MAIN, walk
 
 
 @pytest.mark.parametrize(
@@ -197,8 +181,7 @@ def test_a_wrong_option_is_one_line_before_the_group_starts(
 )
 def test_a_wrong_option_is_one_line_from_torchrun(tmp_path, options, message):
     code, output = run_shell(f"{SCRIPT} {options}", SHELL_TIMEOUT, cwd=tmp_path)
-    _check_one_line(code, output, f"{PROG}: error: {message}")
-    assert not (tmp_path / "s").exists()  # stopped before the loop made it
+    check_one_line(code, output, f"{PROG}: error: {message}")
 
 
 def _unshare_works():
@@ -229,7 +212,7 @@ def test_a_checkpoint_folder_that_takes_no_file_is_one_line(tmp_path, prepare, r
         SHELL_TIMEOUT,
         cwd=tmp_path,
     )
-    _check_one_line(
+    check_one_line(
         code,
         output,
         f"{PROG}: error: --checkpoint {disk}/last.pt: cannot write a file in {disk} "
@@ -238,84 +221,27 @@ def test_a_checkpoint_folder_that_takes_no_file_is_one_line(tmp_path, prepare, r
     )
 
 
-def docstring_commands(text):
-    """The shell commands in a docstring: lines that start with ``torchrun`` or
-    with a variable and then ``torchrun``, with their ``\\`` continuations."""
-    commands, current = [], None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if current is None and re.match(r"^(\w+=\S+ )*torchrun ", stripped):
-            current = ""
-        if current is not None:
-            current += stripped.rstrip("\\").strip() + " "
-            if not stripped.endswith("\\"):
-                commands.append(current.strip())
-                current = None
-    return commands
-
-
 MAIN = "multigpu.ddp.__main__"
-MODULES_WITH_COMMANDS = ["multigpu.ddp", MAIN, "multigpu.snapshot"]
 COMMANDS = sorted(
     {
         command
-        for name in MODULES_WITH_COMMANDS
+        for name in ("multigpu.ddp", MAIN)
         for command in docstring_commands(importlib.import_module(name).__doc__)
     }
 )
 
 
-def test_the_docstrings_print_the_commands_a_learner_pastes():
-    assert any("--max-restarts" in command for command in COMMANDS)
-    for command in COMMANDS:
-        if "--max-restarts" in command:
-            assert command.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "), command
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_in_the_docstrings_runs_from_a_shell(tmp_path, command):
-    command = command.replace("DIR", str(tmp_path / "snapshots"))
     code, output = run_shell(command, 2 * SHELL_TIMEOUT, cwd=tmp_path)
     assert code == 0, output[-3000:]
     assert output.splitlines()[-1] == "every rank holds the same weights: True"
-    if "--kill-rank" in command:
-        words = command.split()
-        kill_step = int(words[words.index("--kill-at-step") + 1])
-        every = 5  # the default --snapshot-every, unless the command gives it
-        if "--snapshot-every" in words:
-            every = int(words[words.index("--snapshot-every") + 1])
-        step = kill_step // every * every
-        resumed = f"restart 1: resumed from the snapshot of step {step} "
-        assert any(line.startswith(resumed) for line in output.splitlines()), output
-
-
-def test_restarts_without_the_own_store_variable_are_refused_with_the_command(
-    tmp_path,
-):
-    """torchrun reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE before it starts the script,
-    so the script cannot set it: it refuses to start, and gives the command."""
-    main_commands = docstring_commands(importlib.import_module(MAIN).__doc__)
-    (command,) = [c for c in main_commands if "--max-restarts" in c]
-    command = command.replace("DIR", str(tmp_path / "snapshots"))
-    without = command.removeprefix("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ")
-    code, output = run_shell(without, SHELL_TIMEOUT, cwd=tmp_path)
-    _check_one_line(
-        code,
-        output,
-        f"{PROG}: error: torchrun restarts need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, "
-        "which torchrun reads before it starts this script, so set it in the shell: "
-        f"{command}",
-    )
-    assert not (tmp_path / "snapshots").exists()
 
 
 def test_nccl_without_a_gpu_says_so_and_to_use_gloo(tmp_path, monkeypatch, capsys):
     """Rank 0 of 2 on a machine without a GPU: one line, before the group starts."""
-    monkeypatch.chdir(tmp_path)
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
-        monkeypatch.setenv(name, value)
+    as_rank_0_of(2, monkeypatch, tmp_path)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     main = importlib.import_module(MAIN).main
     with pytest.raises(SystemExit) as exited:
@@ -330,43 +256,16 @@ def test_nccl_without_a_gpu_says_so_and_to_use_gloo(tmp_path, monkeypatch, capsy
 
 
 @pytest.fixture
-def one_rank(tmp_path, monkeypatch):
-    """The script's main in this process as the only rank of a gloo group: returns
-    a function that runs it and gives (status, stdout lines, stderr lines)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.chdir(tmp_path)
-    environ = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    environ.update(LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    for name, value in environ.items():
-        monkeypatch.setenv(name, str(value))
-    for name in ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
+def script(tmp_path, monkeypatch, capsys):
+    """The script's main in this process as the only rank of a gloo group."""
     main = importlib.import_module(MAIN).main
     small = ["--no-progress", "--backend", "gloo", "--samples", "64", "--epochs", "1"]
-
-    def run(*options):
-        capsys = run.capsys
-        code = main([*small, *options])
-        assert not dist.is_initialized()
-        out, err = capsys.readouterr()
-        return code, out.splitlines(), err.splitlines()
-
-    return run
-
-
-@pytest.fixture
-def script(one_rank, capsys):
-    one_rank.capsys = capsys
-    return one_rank
+    return one_rank_runner(main, monkeypatch, tmp_path, capsys, *small)
 
 
 def test_a_finished_run_says_so_and_another_lr_is_refused(script):
-    """--checkpoint with --resume, and --snapshot: a rerun of a finished run trains
-    nothing and says so; a rerun with another --lr or --momentum is one line."""
+    """--checkpoint with --resume: a rerun of a finished run trains nothing and says
+    so; a rerun with another --lr is one line."""
     code, out, _ = script("--checkpoint", "last.pt")
     assert code == 0 and out[-1] == "every rank holds the same weights: True"
     code, out, _ = script("--checkpoint", "last.pt", "--resume")
@@ -384,16 +283,6 @@ def test_a_finished_run_says_so_and_another_lr_is_refused(script):
         "asks for 0.5: resuming would train with 0.05. Resume with lr 0.05, or start "
         "afresh with a new checkpoint file."
     ]
-    assert script("--snapshot", "s")[0] == 0
-    code, out, _ = script("--snapshot", "s")
-    assert code == 0 and out[1].startswith("restart 0: the run is already complete")
-    assert not any(line.startswith("epoch ") for line in out)
-    code, _, err = script("--snapshot", "s", "--momentum", "0")
-    assert code == 2 and len(err) == 1
-    assert err[0].startswith(
-        "error: snapshot.pt was written by a run with 0.9 as its optimizer's "
-        "momentum, and this run has 0.0"
-    )
 
 
 def test_weights_that_are_not_finite_fail_in_one_line(script):
@@ -404,24 +293,3 @@ def test_weights_that_are_not_finite_fail_in_one_line(script):
         "every rank holds the same weights: True, but they are not finite (nan or "
         "inf, first in "
     )
-
-
-def test_a_run_whose_ranks_disagreed_fails_again_when_resumed(script, tmp_path):
-    """torchrun restarts a round that failed the weights check; the restart finds
-    the run complete and loads one snapshot everywhere, so it would agree: the
-    first round's failure, noted in the folder, makes it fail again."""
-    from multigpu.snapshot import read_events, record_event
-
-    code, _, err = script("--snapshot", "nan", "--lr", "1e30", "--epochs", "2")
-    assert code == 1 and len(err) == 1
-    noted = [e for e in read_events(tmp_path / "nan") if e["event"] == "weights differ"]
-    assert [e["message"] for e in noted] == err
-    assert script("--snapshot", "s")[0] == 0  # a good run, then an earlier failure
-    line = "every rank holds the same weights: False: w differs between rank 0"
-    record_event(tmp_path / "s", "weights differ", message=line)
-    code, out, err = script("--snapshot", "s")
-    assert code == 1 and out[1].startswith("restart 0: the run is already complete")
-    assert err == [
-        f"{line} (found at the end of an earlier round of the run in s, whose "
-        "snapshot this one resumed: start afresh in a new snapshot folder)"
-    ]

@@ -1,5 +1,5 @@
 """Hangs end at the timeout, and the checks name the culprit (notebook 11); the
-torchrun script's --timeout ends a hang from a shell."""
+snapshot script's --timeout ends a hang from a shell."""
 
 import contextlib
 import os
@@ -54,9 +54,8 @@ def test_the_script_s_timeout_ends_a_hang_on_a_stopped_rank(folder):
     """Rank 1 SIGSTOPped under torchrun from a shell: rank 0 fails after --timeout
     seconds with one line, instead of waiting gloo's 30 minutes."""
     run = ShellRun(
-        "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --timeout 5 "
-        "--samples 256 --epochs 50 --step-delay 0.05 --no-progress "
-        f"--snapshot {folder}",
+        "torchrun --standalone --nproc-per-node=2 -m multigpu.snapshot --timeout 5 "
+        f"--samples 256 --epochs 50 --step-delay 0.05 --snapshot {folder}",
         cwd=folder,
     )
     try:

@@ -9,7 +9,7 @@ Set ``MULTIGPU_SLOW=1`` to also run the restart ten times in a row, through
 
 import pytest
 
-import multigpu.ddp.__main__ as ddp_main
+import multigpu.snapshot.__main__ as snapshot_main
 from multigpu import faults, snapshot
 from tests.faults.leftovers import processes_naming, run_shell
 from tests.snapshot.problem import EPOCHS, EVERY, SAMPLES, weights_equal
@@ -51,7 +51,7 @@ def test_torchrun_restarts_after_a_rank_kills_itself(
     folder, uninterrupted, killed_rank, kill_step
 ):
     fault = ["--kill-rank", killed_rank, "--kill-at-step", kill_step]
-    result = faults.run_with_restarts(folder, *SCRIPT, *fault, timeout=RUN_TIMEOUT)
+    result = faults.run_with_restarts(folder, *SCRIPT, *fault, deadline=RUN_TIMEOUT)
     _check_restarted_run(result, folder, uninterrupted, killed_rank, kill_step)
     assert snapshot.Fault(killed_rank, kill_step).marker(folder).exists()
 
@@ -62,7 +62,7 @@ def test_ten_restarts_in_a_row(tmp_path, uninterrupted):
     for attempt in range(10):
         folder = tmp_path / f"run{attempt}"
         fault = ["--kill-rank", 1, "--kill-at-step", 13]
-        result = faults.run_with_restarts(folder, *SCRIPT, *fault, timeout=RUN_TIMEOUT)
+        result = faults.run_with_restarts(folder, *SCRIPT, *fault, deadline=RUN_TIMEOUT)
         figures.append(_check_restarted_run(result, folder, uninterrupted, 1, 13))
         assert processes_naming(str(folder)) == []
     print("median resume_s:", sorted(f["resume_s"] for f in figures)[5])
@@ -70,7 +70,7 @@ def test_ten_restarts_in_a_row(tmp_path, uninterrupted):
 
 def test_torchrun_restarts_after_a_rank_is_killed_from_outside(folder, uninterrupted):
     result, killed_at = faults.kill_rank_from_outside(
-        folder, *SCRIPT, "--step-delay", "0.1", rank=1, after_step=7, timeout=240
+        folder, *SCRIPT, "--step-delay", "0.1", rank=1, after_step=7, deadline=240
     )
     assert result.returncode == 0, result.stdout[-3000:]
     log = faults.restart_log(result.stdout)
@@ -85,13 +85,14 @@ def test_torchrun_restarts_after_a_rank_is_killed_from_outside(folder, uninterru
 # The restart command of the script's docstring, pasted into a shell ten times.
 RESTART_COMMAND = (
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 "
-    "--max-restarts=3 -m multigpu.ddp --snapshot DIR --kill-rank 1 --kill-at-step 13"
+    "--max-restarts=3 -m multigpu.snapshot --snapshot DIR --snapshot-every 5 "
+    "--kill-rank 1 --kill-at-step 13"
 )
 
 
 @pytest.mark.slow  # ten restarts of 5 epochs from a shell: minutes
 def test_the_docstring_restart_command_resumes_ten_times_in_a_row(tmp_path):
-    assert RESTART_COMMAND in " ".join(ddp_main.__doc__.replace("\\", " ").split())
+    assert RESTART_COMMAND in " ".join(snapshot_main.__doc__.replace("\\", " ").split())
     outcomes = []
     for attempt in range(10):
         folder = tmp_path / f"run{attempt}"

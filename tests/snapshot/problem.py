@@ -1,4 +1,4 @@
-"""What the tests of notebook 11 share: the problem ``python -m multigpu.ddp
+"""What the tests of notebook 11 share: the problem ``python -m multigpu.snapshot
 --float64 --samples N`` trains, built here, and its uninterrupted run's weights.
 
 Models and data are float64, so "equal" means equal to ~1e-12.
@@ -27,7 +27,8 @@ def weights_equal(a, b):
 
 
 def script_problem(samples=SAMPLES, epochs=EPOCHS):
-    """What ``python -m multigpu.ddp --float64 --samples N`` trains, built here."""
+    """What ``python -m multigpu.snapshot --float64 --samples N`` trains, built
+    here."""
     config = TrainConfig(epochs=epochs)
     set_seed(config.seed)
     model = ConvNet().double()

@@ -1,35 +1,13 @@
-"""The loop that snapshots and resumes: the script's options, and a mid-epoch resume
-with ranks started by spawn (notebook 11). Models and data are float64, so "equal"
-means equal to ~1e-12.
+"""The loop that snapshots and resumes: a mid-epoch resume with ranks started by
+spawn (notebook 11). Models and data are float64, so "equal" means equal to ~1e-12.
 """
 
-import pytest
 import torch
 
-from multigpu import ddp
 from multigpu.ranks.snapshot import snapshot_rank
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.ranks import seeded_snapshot_rank
 from tests.snapshot.problem import EPOCHS, EVERY, script_problem, weights_equal
-
-
-def test_the_script_refuses_options_that_do_not_go_together(capsys):
-    for argv, words in [
-        (["--kill-rank", "1", "--kill-at-step", "3"], "needs --snapshot DIR"),
-        (["--snapshot", "d", "--kill-rank", "1"], "go together"),
-        (["--snapshot", "d", "--amp"], "does not combine with --amp"),
-        (
-            ["--snapshot", "d", "--snapshot-every", "0"],
-            "must be an integer of at least 1",
-        ),
-    ]:
-        with pytest.raises(SystemExit):
-            ddp.parse_args(argv)
-        assert words in capsys.readouterr().err
-    args = ddp.parse_args(
-        ["--snapshot", "d", "--kill-rank", "1", "--kill-at-step", "3"]
-    )
-    assert (args.snapshot, args.kill_rank, args.kill_at_step) == ("d", 1, 3)
 
 
 def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(

@@ -1,4 +1,4 @@
-"""The torchrun script on a snapshot folder, from a shell (notebook 11): a second
+"""Notebook 11's torchrun script on a snapshot folder, from a shell: a second
 live run on the folder is refused in one line naming the first, and Ctrl-C ends the
 first with one line instead of a traceback per rank."""
 
@@ -13,7 +13,7 @@ import pytest
 from multigpu import snapshot
 from tests.faults.leftovers import ShellRun, run_shell
 
-SCRIPT = "torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --no-progress"
+SCRIPT = "torchrun --standalone --nproc-per-node=2 -m multigpu.snapshot"
 SHELL_TIMEOUT = 240  # one torchrun run from a shell on a busy 2-core machine
 
 

@@ -2,9 +2,8 @@
 
 Taught in ``notebooks/09_ddp_torchrun.ipynb`` (the script, the sampler, evaluation)
 and ``notebooks/09b_ddp_in_practice.ipynb`` (checkpoints, accumulation, SyncBatchNorm,
-uneven data, ports, AMP); ``notebooks/11_fault_tolerance.ipynb`` runs the script
-with snapshots, restarts and injected faults (``--snapshot``). Every rank trains
-ConvNet on the digits and rank 0 prints one line per epoch (``--help``: options)::
+uneven data, ports, AMP); notebook 11's script, ``python -m multigpu.snapshot``, is
+built on this one's. Rank 0 prints one line per epoch (``--help``: options)::
 
     torchrun --standalone --nproc-per-node=2 -m multigpu.ddp --epochs 2
 
@@ -19,8 +18,10 @@ Notebook 08's recipe with the library doing the work, one file per part:
 - ``accumulation``: :func:`scaled_lr`, :func:`accumulate` (``no_sync``, AMP);
 - ``checkpoints``: :func:`save_on_main`, :func:`resume`;
 - ``loop``: :func:`train_ddp_loop`, what every rank runs (Ctrl-C: :class:`Interrupted`);
-- ``cli``, ``script_checks`` and ``__main__``: the torchrun script, whose last
-  check is ``agreement`` (:func:`check_same_weights`); ``ports``: a port in use (09b).
+- ``__main__``: the torchrun script; ``cli``, ``script_checks``, ``configure``: its
+  options and their checks, ``script``: what it does around its loop, ending with
+  ``agreement`` (:func:`check_same_weights`), all shared with notebook 11's script;
+  ``ports``: a port in use (09b).
 
 The rank environment (:func:`setup`, :func:`read_rank_env`) comes from
 :mod:`multigpu.runtime.rank`, the launchers from :mod:`multigpu.runtime.launch`;

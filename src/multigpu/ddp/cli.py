@@ -1,11 +1,15 @@
-"""The script's options and its model; the script itself is ``__main__.py`` (09).
+"""The options of the course's torchrun scripts, and the checks that stop them (09).
 
-A wrong option stops the script before its process group starts, with one line
-(``error: ...``, exit status 2) from rank 0 only: :func:`parse_args` checks what the
+:func:`script_parser` holds the options both scripts take; :func:`parse_args` adds
+the DDP script's own (``python -m multigpu.ddp``); notebook 11's script
+(``python -m multigpu.snapshot``) adds its own in ``multigpu/snapshot/cli.py``. A
+wrong option stops a script before its process group starts, with one line
+(``prog: error: ...``, exit status 2) from rank 0 only: the parser checks what the
 options alone decide, :func:`check_run` what needs the number of ranks and samples,
 :func:`check_restarts` what torchrun's restarts need (11), :func:`check_backend`
 what the node's GPUs allow. An option that only another one gives a meaning to
-(``--step-delay`` without ``--snapshot``) is refused, not ignored.
+(``--resume`` without ``--checkpoint``) is refused, not ignored; so is the other
+script's option, naming that script.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -25,25 +29,56 @@ from multigpu.core.checks import check_number, check_positive_int
 from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import TrainConfig
 from multigpu.ddp.accumulation import LR_SCALINGS
-from multigpu.ddp.script_checks import (
-    MAX_STEP_DELAY_S,
-    TIMEOUT_RANGE_S,
-    backend_problem,
-    check_writable,
-)
+from multigpu.ddp.script_checks import TIMEOUT_RANGE_S, backend_problem, check_writable
 
 # torchrun's agent reads it before it starts the ranks: with "1", every round of
 # ranks gets a TCP store of its own instead of sharing the rendezvous' (11).
 OWN_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 DEFAULT_TIMEOUT_S = 60.0  # a hung rank is noticed in a minute, not gloo's 30
-PROG = "torchrun --standalone --nproc-per-node=N -m multigpu.ddp"
-SNAPSHOT_EVERY = 5  # --snapshot-every's default: a snapshot every 5 steps
+MODULE = "multigpu.ddp"  # this script: torchrun ... -m multigpu.ddp
+
+
+def script_prog(module: str = MODULE) -> str:
+    """How a script's errors name it: its torchrun command (09)."""
+    return f"torchrun --standalone --nproc-per-node=N -m {module}"
+
+
+PROG = script_prog()
+# Notebook 11's script's own options, which this one refuses naming that script.
+SNAPSHOT_OPTIONS = {
+    option: f"is an option of notebook 11's script, which snapshots: pass it to "
+    f"-m multigpu.snapshot instead of -m {MODULE}."
+    for option in (
+        "--snapshot",
+        "--snapshot-every",
+        "--kill-rank",
+        "--kill-at-step",
+        "--step-delay",
+    )
+}
 
 
 class ScriptParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line (``prog: error: ...``,
     exit status 2, no usage), printed by rank 0 of torchrun's first launch only:
-    every rank parses the same options, so the others exit quietly (11)."""
+    every rank parses the same options, so the others exit quietly (11).
+    ``elsewhere`` maps another script's options to why they are refused here."""
+
+    def __init__(
+        self, *args: Any, elsewhere: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.elsewhere = dict(elsewhere or {})
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        for word in unknown:
+            option = word.split("=", 1)[0]
+            if option in self.elsewhere:
+                self.error(f"{option} {self.elsewhere[option]}")
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
 
     def error(self, message: str) -> NoReturn:
         if speaks_for_the_run():
@@ -58,18 +93,21 @@ def speaks_for_the_run(environ: Mapping[str, str] | None = None) -> bool:
     return environ.get("RANK", "0") == "0" and first_launch
 
 
-def refuse(message: str) -> NoReturn:
+def refuse(message: str, module: str = MODULE) -> NoReturn:
     """Stop the script as :class:`ScriptParser` does: one line, exit status 2."""
-    ScriptParser(prog=PROG).error(message)
+    ScriptParser(prog=script_prog(module)).error(message)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The script's options. Switches use ``BooleanOptionalAction`` (``--amp`` /
-    ``--no-amp``), never ``type=bool``: ``bool("False")`` is True (09b)."""
+def script_parser(
+    module: str, description: str, elsewhere: Mapping[str, str]
+) -> ScriptParser:
+    """A parser with the options both torchrun scripts take (09, 11);
+    ``elsewhere``: the other script's options, each with why it is refused here.
+    Switches use ``BooleanOptionalAction`` (``--float64`` / ``--no-float64``),
+    never ``type=bool``: ``bool("False")`` is True (09b)."""
     defaults = TrainConfig()
     parser = ScriptParser(
-        prog=PROG,
-        description="Train ConvNet on the digits with DistributedDataParallel.",
+        prog=script_prog(module), description=description, elsewhere=elsewhere
     )
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument(
@@ -78,28 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--momentum", type=float, default=defaults.momentum)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none")
-    parser.add_argument("--accumulation", type=int, default=1)
-    parser.add_argument(
-        "--amp",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="autocast: bfloat16 on CPU, float16 with a GradScaler on GPU",
-    )
     parser.add_argument(
         "--sync-bn",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="ConvNet with BatchNorm, synchronized over the ranks",
     )
-    parser.add_argument("--checkpoint", default=None, help="file rank 0 saves to")
-    parser.add_argument(
-        "--resume", action=argparse.BooleanOptionalAction, default=False
-    )
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    parser.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=True
-    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -107,43 +130,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SECONDS",
         help="a collective that waits longer for a peer (a hung rank) fails; "
         f"default {DEFAULT_TIMEOUT_S:g} s (gloo's own is 30 minutes)",
-    )
-    # Notebook 11: snapshots, restarts and injected faults (multigpu.snapshot).
-    parser.add_argument(
-        "--snapshot",
-        default=None,
-        metavar="DIR",
-        help="folder for snapshots: rank 0 writes DIR/snapshot.pt every "
-        "--snapshot-every steps, and every rank resumes from it at start",
-    )
-    parser.add_argument(
-        "--snapshot-every",
-        type=int,
-        default=None,
-        metavar="K",
-        help=f"with --snapshot: a snapshot every K steps (default {SNAPSHOT_EVERY})",
-    )
-    parser.add_argument(
-        "--kill-rank",
-        type=int,
-        default=None,
-        metavar="R",
-        help="fault injection: rank R kills itself with SIGKILL, once",
-    )
-    parser.add_argument(
-        "--kill-at-step",
-        type=int,
-        default=None,
-        metavar="S",
-        help="... after step S (S steps done; the first step is 1)",
-    )
-    parser.add_argument(
-        "--step-delay",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="with --snapshot: sleep after every step, to leave time to kill a "
-        "rank from outside",
     )
     parser.add_argument(
         "--samples",
@@ -164,12 +150,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="model and data in float64",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_script_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> None:
+    """Stop the script (one line, exit status 2) at the first of
+    :func:`script_parser`'s options out of its range, with the fix (09, 11)."""
     try:
         _check_values(args)
     except ValueError as error:
         parser.error(str(error))
-    _check_snapshot_args(parser, args)
+    if args.samples is not None:
+        _check_positive_option(
+            parser,
+            "--samples",
+            args.samples,
+            "Pass how many training digits to use, or leave --samples out for all.",
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The DDP script's options: :func:`script_parser`'s and its loop's (09, 09b)."""
+    parser = script_parser(
+        MODULE,
+        "Train ConvNet on the digits with DistributedDataParallel.",
+        SNAPSHOT_OPTIONS,
+    )
+    parser.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none")
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument(
+        "--amp",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="autocast: bfloat16 on CPU, float16 with a GradScaler on GPU",
+    )
+    parser.add_argument("--checkpoint", default=None, help="file rank 0 saves to")
+    parser.add_argument(
+        "--resume", action=argparse.BooleanOptionalAction, default=False
+    )
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True
+    )
+    args = parser.parse_args(argv)
+    check_script_args(parser, args)
+    try:
+        check_positive_int(
+            "--accumulation", args.accumulation, "Pass 1 for no accumulation."
+        )
+        if args.checkpoint is not None:
+            folder = Path(args.checkpoint).absolute().parent
+            check_writable("--checkpoint", args.checkpoint, folder)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.resume and args.checkpoint is None:
+        parser.error(
+            "--resume needs --checkpoint FILE: the file it resumes from (and "
+            "saves to after every epoch). Add --checkpoint FILE, or leave "
+            "--resume out."
+        )
     return args
 
 
@@ -189,9 +229,6 @@ def _check_values(args: argparse.Namespace) -> None:
             f"--seed must be from 0 to 2**32 - 1 (NumPy's range), got {args.seed}. "
             "Pass e.g. --seed 0."
         )
-    check_positive_int(
-        "--accumulation", args.accumulation, "Pass 1 for no accumulation."
-    )
     check_number(
         "--timeout", args.timeout, f"Pass e.g. --timeout {DEFAULT_TIMEOUT_S:g}."
     )
@@ -201,103 +238,13 @@ def _check_values(args: argparse.Namespace) -> None:
             f"--timeout must be from {low:g} to {high:g} seconds (a week), got "
             f"{args.timeout:g}. Pass e.g. --timeout {DEFAULT_TIMEOUT_S:g}."
         )
-    check_number("--step-delay", args.step_delay, "Pass 0 for none.", allow_zero=True)
-    if args.step_delay > MAX_STEP_DELAY_S:
-        raise ValueError(
-            f"--step-delay must be from 0 to {MAX_STEP_DELAY_S:g} seconds, got "
-            f"{args.step_delay:g}. Pass e.g. --step-delay 0.1."
-        )
-    for option, value, what in (
-        ("--kill-rank", args.kill_rank, "the rank that dies, from 0"),
-        ("--kill-at-step", args.kill_at_step, "the steps done before it dies"),
-    ):
-        if value is not None and value < 0:
-            raise ValueError(
-                f"{option} must be 0 or more, got {value}. Pass {what}, e.g. "
-                f"{option} 1."
-            )
-    if args.checkpoint is not None:
-        check_writable(
-            "--checkpoint", args.checkpoint, Path(args.checkpoint).absolute().parent
-        )
-    if args.snapshot is not None:
-        check_writable("--snapshot", args.snapshot, Path(args.snapshot).absolute())
-
-
-def _check_snapshot_args(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> None:
-    """Refuse option combinations the snapshot loop does not handle (11)."""
-    if (args.kill_rank is None) != (args.kill_at_step is None):
-        parser.error(
-            "--kill-rank and --kill-at-step go together: pass both (which rank "
-            "dies, before which step) or neither."
-        )
-    if args.kill_rank is not None and args.snapshot is None:
-        parser.error(
-            "--kill-rank needs --snapshot DIR: the folder records that the fault "
-            "fired, so that it fires once. Add --snapshot DIR."
-        )
-    if args.snapshot is None:
-        for option, used, what in (
-            ("--step-delay", args.step_delay > 0, "slows the snapshot loop down"),
-            (
-                "--snapshot-every",
-                args.snapshot_every is not None,
-                "is how often the snapshot loop saves",
-            ),
-        ):
-            if used:
-                parser.error(
-                    f"{option} needs --snapshot DIR: it {what}, which runs only with "
-                    f"a snapshot folder. Add --snapshot DIR, or leave {option} out."
-                )
-        if args.resume and args.checkpoint is None:
-            parser.error(
-                "--resume needs --checkpoint FILE: the file it resumes from (and "
-                "saves to after every epoch). Add --checkpoint FILE, or leave "
-                "--resume out."
-            )
-    if args.snapshot is not None:
-        if args.snapshot_every is None:
-            args.snapshot_every = SNAPSHOT_EVERY
-        unsupported = [
-            name
-            for name, used in (
-                ("--checkpoint", args.checkpoint is not None),
-                ("--resume", args.resume),
-                ("--accumulation", args.accumulation != 1),
-                ("--amp", args.amp),
-                ("--lr-scaling linear", args.lr_scaling != "none"),
-            )
-            if used
-        ]
-        if unsupported:
-            parser.error(
-                f"--snapshot does not combine with {', '.join(unsupported)}: the "
-                "snapshot loop (multigpu.snapshot) keeps to plain SGD with momentum. "
-                "Leave these options out, or leave out --snapshot."
-            )
-        _check_positive_option(
-            parser,
-            "--snapshot-every",
-            args.snapshot_every,
-            "Pass the number of steps between snapshots, e.g. 5.",
-        )
-    if args.samples is not None:
-        _check_positive_option(
-            parser,
-            "--samples",
-            args.samples,
-            "Pass how many training digits to use, or leave --samples out for all.",
-        )
 
 
 def _check_positive_option(
     parser: argparse.ArgumentParser, option: str, value: int, how_to_fix: str
 ) -> None:
-    """Stop the script with the parser's usage and check_positive_int's message
-    unless ``value`` is 1 or more (11)."""
+    """Stop the script with check_positive_int's message unless ``value`` is 1 or
+    more (11)."""
     try:
         check_positive_int(option, value, how_to_fix)
     except ValueError as error:
@@ -305,22 +252,19 @@ def _check_positive_option(
 
 
 def check_run(
-    args: argparse.Namespace, world_size: int, num_samples: int, epoch_steps: int
+    args: argparse.Namespace,
+    world_size: int,
+    num_samples: int,
+    epoch_steps: int,
+    module: str = MODULE,
 ) -> None:
     """Stop the script (one line, exit status 2) if the options do not fit this
     run: ``world_size`` ranks, ``num_samples`` training samples, ``epoch_steps``
     optimizer steps per epoch. Call it before the process group starts (11)."""
     try:
-        per_rank = per_rank_batch_size(args.batch_size, world_size)
+        per_rank_batch_size(args.batch_size, world_size)
     except ValueError as error:
-        refuse(f"--batch-size {args.batch_size}: {error}")
-    if per_rank % args.accumulation:
-        refuse(
-            f"--accumulation {args.accumulation} does not split a per-rank batch of "
-            f"{per_rank} into equal micro-batches. Pass a --batch-size that is a "
-            f"multiple of {world_size} ranks x {args.accumulation} = "
-            f"{world_size * args.accumulation}, or another --accumulation."
-        )
+        refuse(f"--batch-size {args.batch_size}: {error}", module)
     if epoch_steps == 0:
         what = (
             f"--samples {args.samples} gives {num_samples} samples"
@@ -330,25 +274,29 @@ def check_run(
         refuse(
             f"{what}, fewer than one global batch (--batch-size {args.batch_size}) "
             f"on {world_size} ranks: no rank would train a single step. Pass more "
-            "--samples or a smaller --batch-size."
+            "--samples or a smaller --batch-size.",
+            module,
         )
-    if args.kill_rank is not None and args.kill_rank >= world_size:
+
+
+def check_accumulation(args: argparse.Namespace, world_size: int) -> None:
+    """Stop the DDP script (one line, exit status 2) unless ``--accumulation``
+    splits each rank's share of the batch into equal micro-batches; after
+    :func:`check_run` (09b)."""
+    per_rank = per_rank_batch_size(args.batch_size, world_size)
+    if per_rank % args.accumulation:
         refuse(
-            f"--kill-rank {args.kill_rank} is not a rank of this run: torchrun "
-            f"started {world_size} (0 to {world_size - 1}). Pass a rank from 0 to "
-            f"{world_size - 1}, or start more ranks."
-        )
-    total = args.epochs * epoch_steps
-    if args.kill_at_step is not None and args.kill_at_step >= total:
-        refuse(
-            f"--kill-at-step {args.kill_at_step} never comes: this run trains "
-            f"{total} steps ({args.epochs} epochs of {epoch_steps}), so the fault "
-            f"would not fire. Pass a step from 0 to {total - 1}."
+            f"--accumulation {args.accumulation} does not split a per-rank batch of "
+            f"{per_rank} into equal micro-batches. Pass a --batch-size that is a "
+            f"multiple of {world_size} ranks x {args.accumulation} = "
+            f"{world_size * args.accumulation}, or another --accumulation."
         )
 
 
 def check_restarts(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    module: str = MODULE,
 ) -> None:
     """Stop the script (one line, exit status 2) under torchrun's restarts
     (``--max-restarts`` above 0) unless the shell set :data:`OWN_STORE_VARIABLE`:
@@ -367,17 +315,20 @@ def check_restarts(
         f"torchrun restarts need {OWN_STORE_VARIABLE}=1, which torchrun reads "
         "before it starts this script, so set it in the shell: "
         f"{OWN_STORE_VARIABLE}=1 torchrun {nodes} --max-restarts={restarts} "
-        f"-m multigpu.ddp {script}".rstrip()
+        f"-m {module} {script}".rstrip(),
+        module,
     )
 
 
-def check_backend(backend: str, local_world_size: int, gpus: int) -> None:
+def check_backend(
+    backend: str, local_world_size: int, gpus: int, module: str = MODULE
+) -> None:
     """Stop the script (one line, exit status 2) if ``--backend`` needs more GPUs
     than this node's ``gpus`` for its ``local_world_size`` ranks
     (:func:`~multigpu.ddp.script_checks.backend_problem`) (09)."""
     problem = backend_problem(backend, local_world_size, gpus)
     if problem is not None:
-        refuse(problem)
+        refuse(problem, module)
 
 
 def build_model(sync_bn: bool, device: torch.device) -> nn.Module:

@@ -145,16 +145,10 @@ def train_ddp_loop(
                 losses.append(loss)
                 steps += 1
             batches.close()
-            mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
             history.step_loss.extend(losses)
-            history.train_loss.append(reduce_value(mean).item())  # over all ranks
-            line = f"epoch {epoch + 1}/{config.epochs}: "
-            line += f"train loss {history.train_loss[-1]:.4f}"
-            if X_test is not None and y_test is not None:
-                test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
-                history.test_loss.append(test_loss)
-                history.test_accuracy.append(accuracy)
-                line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
+            line = end_epoch(
+                history, model, losses, epoch, config.epochs, X_test, y_test
+            )
             if checkpoint is not None:
                 save_on_main(checkpoint, model, optimizer, epoch + 1, config=config)
                 saved = epoch + 1
@@ -166,6 +160,32 @@ def train_ddp_loop(
         raise Interrupted(where + _kept(checkpoint, saved)) from None
     history.parameters = cpu_state_dict(unwrap(model))
     return history
+
+
+def end_epoch(
+    history: History,
+    model: nn.Module,
+    losses: list[float],
+    epoch: int,
+    epochs: int,
+    X_test: torch.Tensor | None = None,
+    y_test: torch.Tensor | None = None,
+) -> str:
+    """What every rank does at the end of epoch ``epoch`` (from 0) of ``epochs``
+    (09, 11): append to ``history`` the mean of this rank's ``losses`` averaged over
+    the ranks (one all-reduce) and, with a test set, the test loss and accuracy of
+    :func:`evaluate_distributed` (every test sample once). Returns the epoch's line,
+    ``epoch E/F: train loss ...[, test loss ..., test accuracy ...]``, which rank 0
+    logs."""
+    mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
+    history.train_loss.append(reduce_value(mean).item())  # over all ranks
+    line = f"epoch {epoch + 1}/{epochs}: train loss {history.train_loss[-1]:.4f}"
+    if X_test is not None and y_test is not None:
+        test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
+        history.test_loss.append(test_loss)
+        history.test_accuracy.append(accuracy)
+        line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
+    return line
 
 
 def _kept(checkpoint: str | os.PathLike | None, saved: int | None) -> str:

@@ -15,7 +15,6 @@ PROBE_BYTES = 64 * 1024  # written and removed to check a folder takes files
 # conversions overflow long before any use (1e14 s is more days than a timedelta
 # holds).
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)
-MAX_STEP_DELAY_S = 60.0  # --step-delay: time to kill a rank, not to sleep for days
 
 
 def check_writable(option: str, value: str, folder: Path) -> None:

@@ -1,8 +1,8 @@
 """When a rank dies or hangs, and several nodes: the runs of notebook 11.
 
 Taught in ``notebooks/11_fault_tolerance.ipynb``, with :mod:`multigpu.snapshot`
-(what a run saves to survive) and ``python -m multigpu.ddp --snapshot`` (the script
-torchrun restarts). Three kinds of trouble, each run for real on this machine:
+(what a run saves to survive) and its script ``python -m multigpu.snapshot`` (the
+one torchrun restarts). Three kinds of trouble, each run for real on this machine:
 
 - **A rank dies.** :func:`run_with_restarts` runs the script under
   ``torchrun --max-restarts``; a rank kills itself (``--kill-rank``) or is killed
@@ -22,7 +22,12 @@ torchrun restarts). Three kinds of trouble, each run for real on this machine:
 Everything here is bounded in time and leaves no process behind.
 """
 
-from multigpu.faults.nodes import node_options, rank_table_lines, run_nodes
+from multigpu.faults.nodes import (
+    NODES_MODULE,
+    node_options,
+    rank_table_lines,
+    run_nodes,
+)
 from multigpu.faults.restarts import (
     MODULE,
     RELIABLE_RESTARTS,
@@ -35,6 +40,7 @@ from multigpu.faults.restarts import (
 
 __all__ = [
     "MODULE",
+    "NODES_MODULE",
     "RELIABLE_RESTARTS",
     "final_weights",
     "kill_rank_from_outside",

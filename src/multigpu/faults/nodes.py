@@ -13,13 +13,17 @@ from typing import Any
 import torch.distributed as dist
 
 from multigpu.core.checks import check_number, check_positive_int
-from multigpu.faults.restarts import MODULE, RELIABLE_RESTARTS
+from multigpu.faults.restarts import RELIABLE_RESTARTS
 from multigpu.runtime.launch import (
     HOST,
+    RESTARTS_DEADLINE_S,
     TorchrunError,
+    deadline_not_timeout,
     start_torchrun,
     stop_torchrun,
 )
+
+NODES_MODULE = "multigpu.ddp"  # the script each node runs unless told another
 
 
 def rank_table_lines(outputs: Sequence[str]) -> list[str]:
@@ -52,16 +56,18 @@ def node_options(nnodes: int, node_rank: int, port: int, run_id: str) -> list[st
     ]
 
 
+@deadline_not_timeout
 def run_nodes(
     *script_args: Any,
     nnodes: int = 2,
     nproc_per_node: int = 2,
-    module: str = MODULE,
-    timeout: float = 240.0,
+    module: str = NODES_MODULE,
+    deadline: float = RESTARTS_DEADLINE_S,
 ) -> list[str]:
     """Start ``nnodes`` torchruns at once, each a "node" of ``nproc_per_node``
-    workers, joined into one world of ``nnodes × nproc_per_node`` ranks; return
-    each node's output (stdout and stderr together), by node (11).
+    workers of ``python -m module script_args...``, joined into one world of
+    ``nnodes × nproc_per_node`` ranks; return each node's output (stdout and
+    stderr together), by node (11).
 
     The c10d rendezvous needs a store every node can reach. Between hosts the first
     node hosts it on a port fixed in advance; here this process hosts it on a port
@@ -70,10 +76,11 @@ def run_nodes(
     """
     check_positive_int("nnodes", nnodes)
     check_positive_int("nproc_per_node", nproc_per_node)
-    check_number("timeout", timeout, "Pass the seconds to wait, e.g. 240.")
+    how = f"Pass the seconds to wait, e.g. {RESTARTS_DEADLINE_S:g}."
+    check_number("deadline", deadline, how)
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
     run_id = uuid.uuid4().hex[:12]
-    deadline = time.monotonic() + timeout
+    end = time.monotonic() + deadline
     with ExitStack() as stack:
         logs, processes = [], []
         for node_rank in range(nnodes):
@@ -90,11 +97,11 @@ def run_nodes(
             logs.append(log)
             processes.append(process)
         while any(p.poll() is None for p in processes):
-            if time.monotonic() > deadline:
+            if time.monotonic() > end:
                 for process in processes:
                     stop_torchrun(process)
                 raise TorchrunError(
-                    f"{nnodes} nodes did not finish within {timeout} s and were "
+                    f"{nnodes} nodes did not finish within {deadline} s and were "
                     "stopped.",
                     _read_all(logs),
                 )

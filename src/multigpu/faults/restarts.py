@@ -19,39 +19,42 @@ import torch
 from multigpu.core.checks import check_positive_int
 from multigpu.ddp.cli import OWN_STORE_VARIABLE
 from multigpu.runtime.launch import (
+    RESTARTS_DEADLINE_S,
     TorchrunError,
+    deadline_not_timeout,
     run_torchrun,
     start_torchrun,
     stop_torchrun,
 )
 from multigpu.snapshot import SNAPSHOT_FILE, read_events
 
-MODULE = "multigpu.ddp"  # the script torchrun restarts
+MODULE = "multigpu.snapshot"  # the script torchrun restarts
 # What makes a restart on one machine reliable (notebook 11, section 2): the workers
 # get a TCP store of their own instead of sharing the agent's rendezvous store. The
-# script refuses torchrun's restarts without it (multigpu.ddp.cli.check_restarts).
+# scripts refuse torchrun's restarts without it (multigpu.ddp.cli.check_restarts).
 RELIABLE_RESTARTS = {OWN_STORE_VARIABLE: "1"}
 
 
+@deadline_not_timeout
 def run_with_restarts(
     folder: str | os.PathLike,
     *script_args: Any,
     nproc_per_node: int = 2,
     max_restarts: int = 3,
     env: Mapping[str, str] | None = None,
-    timeout: float = 240.0,
+    deadline: float = RESTARTS_DEADLINE_S,
 ) -> subprocess.CompletedProcess[str]:
-    """``torchrun --standalone --nproc-per-node=N --max-restarts=R -m multigpu.ddp
-    --snapshot FOLDER --no-progress script_args...``; its output (11).
+    """``torchrun --standalone --nproc-per-node=N --max-restarts=R -m
+    multigpu.snapshot --snapshot FOLDER script_args...``; its output (11).
 
     ``env`` is added to :data:`RELIABLE_RESTARTS` (pass ``{"TORCH_DISABLE_SHARE_RDZV_
     TCP_STORE": "0"}`` to see the script refuse torchrun's default). A run still
-    going after ``timeout`` seconds is stopped with every process it started.
+    going after ``deadline`` seconds is stopped with every process it started.
     """
     check_positive_int("nproc_per_node", nproc_per_node)
     args, launch = _restartable(folder, script_args, max_restarts, env)
     return run_torchrun(
-        MODULE, nproc_per_node, *args, **launch, timeout=timeout, check=False
+        MODULE, nproc_per_node, *args, **launch, deadline=deadline, check=False
     )
 
 
@@ -63,7 +66,7 @@ def _restartable(
 ) -> tuple[list[Any], dict[str, Any]]:
     """The script's arguments and torchrun's options and environment for a run
     that snapshots into ``folder`` and may restart (11)."""
-    args = ["--snapshot", folder, "--no-progress", *script_args]
+    args = ["--snapshot", folder, *script_args]
     launch = {
         "options": [f"--max-restarts={max_restarts}"],
         "env": {**RELIABLE_RESTARTS, **dict(env or {})},
@@ -94,6 +97,7 @@ def worker_pids(torchrun_pid: int, rank: int | None = None) -> list[int]:
     return sorted(found)
 
 
+@deadline_not_timeout
 def kill_rank_from_outside(
     folder: str | os.PathLike,
     *script_args: Any,
@@ -102,7 +106,7 @@ def kill_rank_from_outside(
     nproc_per_node: int = 2,
     max_restarts: int = 3,
     env: Mapping[str, str] | None = None,
-    timeout: float = 240.0,
+    deadline: float = RESTARTS_DEADLINE_S,
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run as :func:`run_with_restarts`, and once rank 0 has finished step
     ``after_step``, SIGKILL rank ``rank`` from this process (as the out-of-memory
@@ -113,14 +117,14 @@ def kill_rank_from_outside(
             "kill_rank_from_outside finds the worker's process id in /proc, which "
             "this system lacks. Run it on Linux, or use --kill-rank instead."
         )
-    deadline = time.monotonic() + timeout
+    end = time.monotonic() + deadline
     with ExitStack() as stack:
         log = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
         args, launch = _restartable(folder, script_args, max_restarts, env)
         process = start_torchrun(MODULE, nproc_per_node, *args, **launch, output=log)
         stack.callback(stop_torchrun, process)
         killed_at = None
-        while process.poll() is None and time.monotonic() < deadline:
+        while process.poll() is None and time.monotonic() < end:
             if killed_at is None and _steps_done(folder) >= after_step:
                 for pid in worker_pids(process.pid, rank):
                     os.kill(pid, signal.SIGKILL)
@@ -130,7 +134,7 @@ def kill_rank_from_outside(
             stop_torchrun(process)
             log.seek(0)
             raise TorchrunError(
-                f"torchrun did not finish within {timeout} s and was stopped.",
+                f"torchrun did not finish within {deadline} s and was stopped.",
                 log.read(),
             )
         log.seek(0)

@@ -16,12 +16,12 @@ the next step depends on: a run restarted from it goes on with the same numbers:
 Rank 0 writes it atomically (``checkpoint.write_atomically``: a killed save leaves
 the previous snapshot, never half a file); every rank reads it at start with
 ``map_location`` (:func:`load_snapshot`). The training loop that does this is
-:func:`train_with_snapshots`, which ``python -m multigpu.ddp --snapshot DIR`` runs
-under torchrun::
+:func:`train_with_snapshots`, which the package's script, ``python -m
+multigpu.snapshot --snapshot DIR``, runs under torchrun::
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone \\
-        --nproc-per-node=2 --max-restarts=3 -m multigpu.ddp \\
-        --snapshot DIR --snapshot-every 5 --kill-rank 1 --kill-at-step 13
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \\
+        --max-restarts=3 -m multigpu.snapshot --snapshot DIR --snapshot-every 5 \\
+        --kill-rank 1 --kill-at-step 13
 
 ``--kill-rank R --kill-at-step S``: rank R kills itself with SIGKILL after step S
 (counted from 1), once (:class:`Fault`; a file in the folder remembers it). Ranks

@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from multigpu.core.checks import check_number, check_positive_int
 from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
-from multigpu.ddp import evaluate_distributed, wrap
-from multigpu.ddp.loop import Interrupted
+from multigpu.ddp import wrap
+from multigpu.ddp.loop import Interrupted, end_epoch
 from multigpu.runtime.checkpoint import unwrap
-from multigpu.runtime.rank import rank_device, reduce_value
+from multigpu.runtime.rank import rank_device
 from multigpu.snapshot.events import RESTART_COUNT, record_event
 from multigpu.snapshot.files import SNAPSHOT_FILE, load_snapshot, save_snapshot
 from multigpu.snapshot.injection import Fault, fire
@@ -200,15 +200,9 @@ def _train(
                     saved = global_step
                     if main and log:
                         log(f"snapshot of step {global_step} saved")
-            mean = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
-            history.train_loss.append(reduce_value(mean).item())  # over all ranks
-            line = f"epoch {epoch + 1}/{config.epochs}: "
-            line += f"train loss {history.train_loss[-1]:.4f}"
-            if X_test is not None and y_test is not None:
-                test_loss, accuracy = evaluate_distributed(model, X_test, y_test)
-                history.test_loss.append(test_loss)
-                history.test_accuracy.append(accuracy)
-                line += f", test loss {test_loss:.4f}, test accuracy {accuracy:.4f}"
+            line = end_epoch(
+                history, model, losses, epoch, config.epochs, X_test, y_test
+            )
             if main and log:
                 log(line)
         end = Position(config.epochs, 0, global_step)

@@ -28,7 +28,13 @@ from multigpu.ranks.allreduce_sgd import (
     train_rank,
 )
 from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
-from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.hard_cases import (
+    DTYPES,
+    assert_kept,
+    cases_for,
+    hard_case_data,
+    hard_case_model,
+)
 from tests.ranks import train_loop_from_own_seed_rank
 
 NUM_SAMPLES = 40  # 2 full global batches of 16 per epoch; 8 samples left over
@@ -251,70 +257,45 @@ def test_comparing_empty_state_dicts_is_a_clear_error():
 
 
 # ----------------------------------------------------------------------------------
-# The hard cases (tests/hard_cases.py): a tied weight, a frozen parameter, a
-# parameter unused in forward, a buffer, a parameter count no world size divides,
-# fewer parameters than ranks, 41 samples (3 global batches of 12 per epoch, 5 left
+# The hard cases (tests/hard_cases.py, every case the registry says allreduce_sgd
+# trains like one process): 41 samples (3 global batches of 12 per epoch, 5 left
 # over), float32 and float64, on 2, 3 and 4 ranks, with every all-reduce.
 
 HARD_CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.2, momentum=0.5, seed=3)
 HARD_RUNS = {m: replace(HARD_CONFIG, allreduce=m) for m in ALLREDUCE_METHODS}
 HARD_RUNS["ring, scale_loss"] = replace(HARD_CONFIG, reduction="scale_loss")
-HARD_MODELS = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
+HARD_CASES = cases_for("allreduce_sgd")
 # Largest |difference| from one process allowed: float64 sums in another order
 # differ by ~1e-16, float32 by ~1e-7 (measured: 5.6e-17 and 6.0e-8).
 TOLERANCE = {torch.float64: 1e-14, torch.float32: 1e-6}
 
 
-class SometimesUnusedNet(torch.nn.Module):
-    """HardCaseNet's input and classes; ``extra`` is used only by samples whose
-    first feature exceeds 1.5, so on some ranks' batches it gets no gradient (None)
-    and on others it does: per sample the same function as on one process."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.head = torch.nn.Linear(6, 3)
-        self.extra = torch.nn.Linear(6, 3)
-
-    def forward(self, x):
-        logits = self.head(x)
-        chosen = x[:, :1] > 1.5
-        if chosen.any():  # the branch decides whether `extra` is in the graph
-            logits = logits + self.extra(x) * chosen
-        return logits
-
-
-def sometimes_unused_model(dtype=torch.float64, seed=0):
-    torch.manual_seed(seed)
-    return SometimesUnusedNet().to(dtype)
-
-
-HARD_MODELS["SometimesUnusedNet"] = sometimes_unused_model
-
-
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
 def hard_runs(request):
-    """Every model x dtype of HARD_MODELS with every run of HARD_RUNS, in one launch
-    of 2, 3 or 4 ranks: {(model name, dtype): {run name: Histories by rank}}."""
-    cases = [(name, dtype) for name in HARD_MODELS for dtype in DTYPES]
+    """Every case x dtype with every run of HARD_RUNS, in one launch of 2, 3 or 4
+    ranks: {(case name, dtype): {run name: Histories by rank}}."""
+    cases = [(case, dtype) for case in HARD_CASES for dtype in DTYPES]
     calls = [
-        (train_rank, (HARD_MODELS[n](d), *hard_case_data(dtype=d), HARD_RUNS))
-        for n, d in cases
+        (train_rank, (case.build(d), *hard_case_data(dtype=d), HARD_RUNS))
+        for case, d in cases
     ]
     per_rank = spawn(in_one_launch, request.param, calls, timeout=TIMEOUT)
     return {
-        case: {run: [by_rank[i][run] for by_rank in per_rank] for run in HARD_RUNS}
-        for i, case in enumerate(cases)
+        (case.name, dtype): {
+            run: [by_rank[i][run] for by_rank in per_rank] for run in HARD_RUNS
+        }
+        for i, (case, dtype) in enumerate(cases)
     }
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(HARD_MODELS))
-def test_hard_cases_equal_one_process(hard_runs, name, dtype):
-    model = HARD_MODELS[name](dtype)
+@pytest.mark.parametrize("case", HARD_CASES, ids=lambda case: case.name)
+def test_hard_cases_equal_one_process(hard_runs, case, dtype):
+    model = case.build(dtype)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     reference = train_single_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
     assert max_parameter_difference(reference.parameters, start) > 1e-2  # it trains
-    for run, results in hard_runs[(name, dtype)].items():
+    for run, results in hard_runs[(case.name, dtype)].items():
         for result in results:
             difference = max_parameter_difference(
                 result.parameters, reference.parameters
@@ -322,13 +303,7 @@ def test_hard_cases_equal_one_process(hard_runs, name, dtype):
             assert difference < TOLERANCE[dtype], (run, difference)
             for key, tensor in results[0].parameters.items():  # ranks identical
                 assert torch.equal(result.parameters[key], tensor), (run, key)
-            if name == "HardCaseNet":  # frozen and unused stay, tied stays tied
-                for key in ("frozen.weight", "frozen.bias", "unused.weight", "scale"):
-                    assert torch.equal(result.parameters[key], start[key]), (run, key)
-                assert torch.equal(
-                    result.parameters["encode.weight"],
-                    result.parameters["decode.weight"],
-                )
+            assert_kept(case, start, result.parameters, run)  # frozen, tied, ...
 
 
 def test_ranks_built_from_their_own_seed_are_refused():

@@ -10,6 +10,7 @@ from multigpu import syncbn
 from multigpu.core.models import ConvNet
 from multigpu.ranks import ddp as ddp_ranks
 from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
+from tests.hard_cases import cases_for, hard_case_data
 from tests.ranks import forward_backward_rank
 
 TIMEOUT = 60.0  # seconds for the rendezvous and each collective (only a hang waits)
@@ -169,6 +170,45 @@ def test_convert_keeps_weights_dtype_and_keys():
         assert torch.equal(converted.state_dict()[key], tensor)
         assert converted.state_dict()[key].dtype == tensor.dtype
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())  # unchanged
+
+
+@pytest.mark.parametrize("case", cases_for("syncbn"), ids=lambda case: case.name)
+def test_converting_a_hard_case_keeps_it_and_its_shards_sum_to_one_process(case):
+    """A model of the registry (no BatchNorm) converted keeps every weight, buffer,
+    tie and frozen flag; on shards of 20, 0 and 21 samples (one model per rank, as
+    ranks hold them) its summed gradients are one process's on all 41, None where
+    that one's is None. Without a BatchNorm nothing is exchanged, so this runs here."""
+    model = case.build()
+    converted = syncbn.convert_sync_batchnorm(model)
+    assert converted is not model
+    pairs = zip(
+        model.named_parameters(remove_duplicate=False),
+        converted.named_parameters(remove_duplicate=False),
+        strict=True,
+    )
+    for (name, p), (their_name, q) in pairs:
+        assert name == their_name and torch.equal(p, q), name
+        assert p.requires_grad == q.requires_grad, name
+    ties = [n for n, _ in converted.named_parameters(remove_duplicate=False)]
+    assert len(ties) - len(list(converted.parameters())) == len(case.tied)
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(converted.state_dict()[key], tensor), key
+    X, y = hard_case_data()
+    loss = nn.functional.cross_entropy(model(X), y, reduction="sum")
+    loss.backward()
+    summed = {}
+    for part in (slice(0, 20), slice(20, 20), slice(20, 41)):
+        rank_model = copy.deepcopy(converted)  # each rank its own copy
+        logits = rank_model(X[part])
+        nn.functional.cross_entropy(logits, y[part], reduction="sum").backward()
+        for name, p in rank_model.named_parameters():
+            if p.grad is not None:
+                summed[name] = summed.get(name, 0) + p.grad
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            assert name not in summed, name
+        else:
+            torch.testing.assert_close(summed[name], p.grad, rtol=0, atol=1e-12)
 
 
 def test_sync_batchnorm_refuses_cpu_tensors():

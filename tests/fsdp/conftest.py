@@ -1,6 +1,7 @@
 """Set-up shared by the tests of multigpu.fsdp: every FSDP-by-hand run of the hard
-cases, the prefetch depths, mixed precision, FSDP2's bf16 run and the gradients a
-parameter no forward reads gets, trained once per world size in one launch."""
+cases the registry gives it (tests/hard_cases.py), the prefetch depths, mixed
+precision, FSDP2's bf16 run and the gradients a parameter no forward reads gets,
+trained once per world size in one launch."""
 
 import pytest
 import torch
@@ -14,10 +15,9 @@ from multigpu.zero import make_mlp
 from tests.fsdp.ranks import unread_parameter_rank
 from tests.hard_cases import (
     DTYPES,
+    cases_for,
     hard_case_data,
     hard_case_model,
-    late_unit_model,
-    tiny_model,
     unread_parameter_model,
 )
 from tests.ranks_fsdp import refused_messages_rank
@@ -25,12 +25,7 @@ from tests.ranks_fsdp import refused_messages_rank
 CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.05)  # 41 samples: 6 steps
 STEPS = 6
 TIMEOUT = 240.0  # the machine may be shared; a hang fails instead of waiting
-BUILDERS = {
-    "HardCaseNet": hard_case_model,
-    "TinyNet": tiny_model,
-    "LateUnitNet": late_unit_model,  # a unit the first forward does not use
-    "UnreadParameterNet": unread_parameter_model,  # a parameter no forward reads
-}
+HARD_CASES = cases_for("fsdp")
 UNREAD_SAMPLES = 36  # every rank of 2 or 3 gets as many: the mean of means is exact
 MLP_SIZES = (6, 16, 16, 16, 16, 3)  # 5 units of 112, 272, 272, 272, 51
 SETTINGS = {  # name: FSDPByHand options, on the MLP in float32
@@ -64,9 +59,9 @@ def fsdp_runs(request):
     keys, runs = [], []
     for dtype in DTYPES:
         X, y = hard_case_data(dtype=dtype)
-        for name, builder in BUILDERS.items():
-            keys.append((name, dtype))
-            runs.append((per_rank(builder, dtype, world_size), X, y, CONFIG, {}))
+        for case in HARD_CASES:
+            keys.append((case.name, dtype))
+            runs.append((per_rank(case.build, dtype, world_size), X, y, CONFIG, {}))
     X, y = hard_case_data(dtype=torch.float32)
     for setting, options in SETTINGS.items():
         keys.append((setting, torch.float32))
@@ -77,7 +72,7 @@ def fsdp_runs(request):
         keys.append(("stack", name))
         options = {"depth": 1, "count_activations": True}
         runs.append((stack, X, y, CONFIG, options))
-    keys.append(("HardCaseNet bf16", torch.float32))
+    keys.append(("TiedFrozenNet bf16", torch.float32))
     bf16 = {"param_dtype": torch.bfloat16}
     model = per_rank(hard_case_model, torch.float32, world_size)
     runs.append((model, X, y, CONFIG, bf16))

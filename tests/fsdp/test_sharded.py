@@ -23,8 +23,8 @@ from multigpu.ranks import fsdp as fsdp_ranks
 from multigpu.runtime.launch import spawn
 from tests.fsdp import ranks
 from tests.fsdp.conftest import (
-    BUILDERS,
     CONFIG,
+    HARD_CASES,
     SETTINGS,
     STEPS,
     TIMEOUT,
@@ -33,8 +33,10 @@ from tests.fsdp.conftest import (
 )
 from tests.hard_cases import (
     DTYPES,
+    assert_kept,
     hard_case_data,
     hard_case_model,
+    never_gradient_numel,
     unread_parameter_model,
 )
 
@@ -47,33 +49,40 @@ def difference(result, reference, names):
     return max((result[n] - reference[n]).abs().max().item() for n in names)
 
 
+def last_forward_order(case, dtype):
+    """The units of plan_units in the order a second forward in one process runs
+    them: one the first forward skips runs there."""
+    model = case.build(dtype)
+    X, _ = hard_case_data(dtype=dtype)
+    model(X)
+    order = []
+    for index, names in enumerate(fsdp.plan_units(model)):
+        first = model.get_submodule(names[0])
+        first.register_forward_pre_hook(lambda *_, i=index: order.append(i))
+    model(X)
+    return order
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fsdp_by_hand_trains_like_one_process_on_the_hard_cases(fsdp_runs, dtype):
     world_size, histories, _ = fsdp_runs
     X, y = hard_case_data(dtype=dtype)
-    for name, builder in BUILDERS.items():
-        start = builder(dtype, seed=0)
+    for case in HARD_CASES:
+        start = case.build(dtype, seed=0)
         reference = zero.train_single_process_adam(start, X, y, CONFIG)
         names = list(start.state_dict())
         moved = difference(reference.parameters, start.state_dict(), names)
         assert moved > 100 * TOLERANCE[dtype]  # training did move the weights
-        assert len(histories[(name, dtype)]) == world_size
-        for history in histories[(name, dtype)]:
+        assert len(histories[(case.name, dtype)]) == world_size
+        order = last_forward_order(case, dtype)
+        for history in histories[(case.name, dtype)]:
             assert len(history.step_loss) == STEPS
             gap = difference(history.parameters, reference.parameters, names)
-            assert gap <= TOLERANCE[dtype], (name, gap)
-            if name == "HardCaseNet":
-                p = history.parameters
-                assert torch.equal(p["frozen.weight"], start.frozen.weight)
-                assert torch.equal(p["unused.weight"], start.unused.weight)
-                assert torch.equal(p["encode.weight"], p["decode.weight"])  # tied
-            if name == "LateUnitNet":  # the last forward ran every unit
-                assert history.forward_order == [0, 1, 2]
-            if name == "UnreadParameterNet":
-                spare = history.parameters["block.spare.weight"]
-                assert torch.equal(spare, start.block.spare.weight)
+            assert gap <= TOLERANCE[dtype], (case.name, gap)
+            assert_kept(case, start.state_dict(), history.parameters)
+            assert history.forward_order == order, case.name  # the last forward's
         losses = torch.tensor(
-            [h.step_loss for h in histories[(name, dtype)]], dtype=torch.float64
+            [h.step_loss for h in histories[(case.name, dtype)]], dtype=torch.float64
         )
         assert torch.allclose(
             losses.mean(0).to(dtype),
@@ -91,7 +100,7 @@ def test_the_float32_difference_is_the_order_of_additions(fsdp_runs):
     start = hard_case_model(torch.float32)
     reference = fsdp.train_ranks_arithmetic_adam(start, X, y, CONFIG, world_size)
     plain = zero.train_single_process_adam(start, X, y, CONFIG).parameters
-    for history in histories[("HardCaseNet", torch.float32)]:
+    for history in histories[("TiedFrozenNet", torch.float32)]:
         for name in reference:
             assert torch.equal(history.parameters[name], reference[name]), name
         assert not all(torch.equal(history.parameters[n], plain[n]) for n in plain)
@@ -152,21 +161,17 @@ def test_each_rank_keeps_its_share_of_master_weights_gradients_and_adam(fsdp_run
 
 
 def test_frozen_and_unused_parameters_get_no_optimizer_state(fsdp_runs):
+    """As Adam in one process: no state for a frozen parameter, nor for one that
+    never gets a gradient (never used, never read)."""
     _, histories, _ = fsdp_runs
     for dtype in DTYPES:
-        ranks = histories[("HardCaseNet", dtype)]
-        held = sum(h.ledger["optimizer"] for h in ranks)
-        model = hard_case_model(dtype)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        unused = sum(p.numel() for p in model.unused.parameters())  # no gradient
-        element = torch.finfo(dtype).bits // 8
-        assert held == 2 * element * (trainable - unused)  # 2 moments, frozen: none
-        unread = histories[("UnreadParameterNet", dtype)]
-        held = sum(h.ledger["optimizer"] for h in unread)
-        model = unread_parameter_model(dtype)
-        numel = sum(p.numel() for p in model.parameters())
-        spare = sum(p.numel() for p in model.block.spare.parameters())  # not read
-        assert held == 2 * element * (numel - spare)  # as Adam in one process
+        for case in HARD_CASES:
+            held = sum(h.ledger["optimizer"] for h in histories[(case.name, dtype)])
+            model = case.build(dtype)
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            element = torch.finfo(dtype).bits // 8
+            expected = 2 * element * (trainable - never_gradient_numel(case, model))
+            assert held == expected, case.name  # 2 moments
 
 
 def test_a_parameter_no_forward_reads_keeps_grad_none(fsdp_runs):
@@ -203,7 +208,7 @@ def test_bf16_is_bounded_from_one_process_and_matches_fsdp2(fsdp_runs):
     reference = zero.train_single_process_adam(start, X, y, CONFIG).parameters
     names = [n for n, _ in start.named_parameters()]
     for mine, theirs in zip(
-        histories[("HardCaseNet bf16", torch.float32)], histories["FSDP2 bf16"]
+        histories[("TiedFrozenNet bf16", torch.float32)], histories["FSDP2 bf16"]
     ):
         assert mine.parameters["encode.weight"].dtype == torch.float32  # fp32 master
         ours = difference(mine.parameters, reference, names)

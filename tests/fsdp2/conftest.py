@@ -1,9 +1,11 @@
-"""Set-up shared by the tests of multigpu.fsdp2: every knob run once, in one
-launch on 4 ranks and one on 2, each rank function on the hard cases."""
+"""Set-up shared by the tests of multigpu.fsdp2: every hard case the registry gives
+FSDP2 (tests/hard_cases.py) and every knob (on TiedFrozenNet) run once, in one
+launch on 4 ranks and one on 2."""
 
 import pytest
 import torch
 
+from multigpu.core.models import TiedFrozenNet
 from multigpu.ranks import fsdp2 as fsdp2_ranks
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.fsdp2.problem import (
@@ -14,33 +16,34 @@ from tests.fsdp2.problem import (
     counted_mlp,
     global_steps,
 )
-from tests.hard_cases import HardCaseNet, hard_case_model, tiny_model
+from tests.hard_cases import BY_NAME, cases_for, hard_case_model
 from tests.ranks_fsdp2 import comm_debug_rank
 
-# name: (rank function, arguments); "train" runs are (builder, dtype, steps, knobs)
-TRAIN_RUNS = {
-    "plain": (hard_case_model, torch.float64, 1, {}),
-    "plain float32": (hard_case_model, torch.float32, 1, {}),
-    "keep": (hard_case_model, torch.float64, 1, {"reshard_after_forward": False}),
-    "reshard to 2": (hard_case_model, torch.float64, 1, {"reshard_after_forward": 2}),
-    "prefetch 2": (hard_case_model, torch.float64, 1, {"prefetch": 2}),
-    "hsdp": (hard_case_model, torch.float64, 1, {"mesh": (2, 2)}),
-    "hsdp float32": (hard_case_model, torch.float32, 1, {"mesh": (2, 2)}),
-    "accumulate": (hard_case_model, torch.float64, 2, {}),
-    "clip": (hard_case_model, torch.float64, 1, {"max_norm": MAX_NORM}),
-    "mixed": (hard_case_model, torch.float32, 1, {"mixed": True}),
-    "tiny": (tiny_model, torch.float64, 1, {}),
-    "tiny hsdp": (tiny_model, torch.float64, 1, {"mesh": (2, 2)}),
+# name: (case, dtype, micro-batches, knobs): each case of the registry as it is,
+# then the knobs on the model that has every case of a sharded wrapper.
+KNOB_CASE = BY_NAME["TiedFrozenNet"]
+TRAIN_RUNS = {case.name: (case, torch.float64, 1, {}) for case in cases_for("fsdp2")}
+TRAIN_RUNS |= {
+    "plain float32": (KNOB_CASE, torch.float32, 1, {}),
+    "keep": (KNOB_CASE, torch.float64, 1, {"reshard_after_forward": False}),
+    "reshard to 2": (KNOB_CASE, torch.float64, 1, {"reshard_after_forward": 2}),
+    "prefetch 2": (KNOB_CASE, torch.float64, 1, {"prefetch": 2}),
+    "hsdp": (KNOB_CASE, torch.float64, 1, {"mesh": (2, 2)}),
+    "hsdp float32": (KNOB_CASE, torch.float32, 1, {"mesh": (2, 2)}),
+    "accumulate": (KNOB_CASE, torch.float64, 2, {}),
+    "clip": (KNOB_CASE, torch.float64, 1, {"max_norm": MAX_NORM}),
+    "mixed": (KNOB_CASE, torch.float32, 1, {"mixed": True}),
+    "tiny hsdp": (BY_NAME["TinyNet"], torch.float64, 1, {"mesh": (2, 2)}),
 }
 
 
 def train_calls(names, world_size):
     calls = []
     for name in names:
-        build, dtype, micro, knobs = TRAIN_RUNS[name]
+        case, dtype, micro, knobs = TRAIN_RUNS[name]
         if "mesh" in knobs and world_size != 4:
             continue
-        models = [build(dtype, seed=rank) for rank in range(world_size)]
+        models = [case.build(dtype, seed=rank) for rank in range(world_size)]
         steps = global_steps(dtype, micro, steps=3 if micro == 1 else 2)
         calls.append((name, (fsdp2_ranks.train_rank, (models, steps, LR, knobs))))
     return calls
@@ -69,7 +72,7 @@ def world4(tmp_path_factory):
                 (hard_case_model(), "encode", "decode"),
             ),
         ),
-        ("meta", (fsdp2_ranks.meta_init_rank, (HardCaseNet, 0))),
+        ("meta", (fsdp2_ranks.meta_init_rank, (TiedFrozenNet, 0))),
         (
             "export",
             (
@@ -90,13 +93,13 @@ def world4(tmp_path_factory):
 def world2():
     """{name: each rank's result, by rank} of one launch on 2 ranks."""
     batch = global_steps()[0][0]
-    calls = train_calls(["plain", "accumulate", "clip", "mixed"], 2) + [
+    calls = train_calls([KNOB_CASE.name, "accumulate", "clip", "mixed"], 2) + [
         (
             f"prefetch {depth}",
             (fsdp2_ranks.prefetch_rank, (counted_mlp(), batch, depth)),
         )
         for depth in (0, 1, 2)
     ]
-    calls.append(("meta", (fsdp2_ranks.meta_init_rank, (HardCaseNet, 0))))
+    calls.append(("meta", (fsdp2_ranks.meta_init_rank, (TiedFrozenNet, 0))))
     per_rank = spawn(in_one_launch, 2, [call for _, call in calls], timeout=TIMEOUT)
     return {name: [r[i] for r in per_rank] for i, (name, _) in enumerate(calls)}

@@ -10,9 +10,10 @@ from multigpu.costmodel.fsdp2 import (
     fsdp2_collectives_per_step,
     fsdp2_parameter_bytes_after_forward,
 )
+from tests.fsdp2.conftest import KNOB_CASE
 from tests.fsdp2.problem import SETTINGS
 
-# HardCaseNet under shard_layers: embed, frozen, head, unused and the root (encode
+# TiedFrozenNet under shard_layers: embed, frozen, head, unused and the root (encode
 # and decode, tied); unused never runs, frozen has no gradient, the root keeps its
 # parameters after forward (FSDP2's default for the root)
 HARD_UNITS = {"units": 4, "units_with_gradients": 3, "root_keeps_parameters": True}
@@ -51,7 +52,7 @@ def test_reshard_setting_changes_the_backward_all_gathers(world4):
 @pytest.mark.parametrize(
     ("name", "knobs"),
     [
-        ("plain", {}),
+        (KNOB_CASE.name, {}),
         ("keep", {"reshard_after_forward": False}),
         # set explicitly, the root reshards too (only None keeps the root whole)
         ("reshard to 2", {"reshard_after_forward": 2, "root_keeps_parameters": False}),

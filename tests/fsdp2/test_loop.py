@@ -1,6 +1,6 @@
 """Tests for multigpu.fsdp2.loop (through the ranks of multigpu.ranks.fsdp2): FSDP2
-under each knob trains like one process on the hard cases (tied weight, frozen,
-unused, buffer, TinyNet; ranks starting from seed + rank), float64 to 1e-12 and
+trains like one process on every hard case the registry gives it, and under each
+knob on TiedFrozenNet (ranks starting from seed + rank), float64 to 1e-12 and
 float32 to 1e-5; accumulation equals one large batch; clipping equals clipping in
 one process; bf16 mixed precision stays within a measured bound."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from multigpu import fsdp2
-from tests.fsdp2.conftest import TRAIN_RUNS
+from tests.fsdp2.conftest import KNOB_CASE, TRAIN_RUNS
 from tests.fsdp2.problem import BF16_BOUND, LR, MAX_NORM, TOLERANCE, global_steps
+from tests.hard_cases import assert_kept
 
 
 def distance(result, reference):
@@ -19,10 +20,11 @@ def distance(result, reference):
 
 
 def reference_for(name):
-    build, dtype, micro, knobs = TRAIN_RUNS[name]
+    case, dtype, micro, knobs = TRAIN_RUNS[name]
     steps = global_steps(dtype, micro, steps=3 if micro == 1 else 2)
     max_norm = knobs.get("max_norm")
-    return fsdp2.train_one_process(build(dtype, seed=0), steps, LR, max_norm), dtype
+    start = case.build(dtype, seed=0)
+    return fsdp2.train_one_process(start, steps, LR, max_norm), dtype
 
 
 EXACT_RUNS = [name for name in TRAIN_RUNS if name != "mixed"]
@@ -31,18 +33,16 @@ EXACT_RUNS = [name for name in TRAIN_RUNS if name != "mixed"]
 @pytest.mark.parametrize("name", EXACT_RUNS)
 def test_each_knob_trains_like_one_process_on_4_ranks(world4, name):
     reference, dtype = reference_for(name)
-    start = TRAIN_RUNS[name][0](dtype, seed=0)
+    case = TRAIN_RUNS[name][0]
+    start = case.build(dtype, seed=0)
     moved = distance(reference.parameters, dict(start.named_parameters()))
     assert moved > 100 * TOLERANCE[dtype]  # training did move the weights
     for result in world4[name]:
         assert distance(result["parameters"], reference.parameters) <= TOLERANCE[dtype]
-        if "frozen.weight" in result["parameters"]:  # the frozen layer did not move
-            assert torch.equal(
-                result["parameters"]["frozen.weight"], start.frozen.weight
-            )
+        assert_kept(case, start.state_dict(), result["parameters"], name)
 
 
-@pytest.mark.parametrize("name", ["plain", "accumulate", "clip"])
+@pytest.mark.parametrize("name", [KNOB_CASE.name, "accumulate", "clip"])
 def test_each_knob_trains_like_one_process_on_2_ranks(world2, name):
     reference, dtype = reference_for(name)
     for result in world2[name]:
@@ -56,7 +56,7 @@ def test_accumulation_equals_one_large_batch(world4):
         for s in global_steps(micro_batches=2, steps=2)
     ]
     reference = fsdp2.train_one_process(
-        TRAIN_RUNS["accumulate"][0](torch.float64), large, LR
+        TRAIN_RUNS["accumulate"][0].build(torch.float64), large, LR
     )
     for result in world4["accumulate"]:
         assert distance(result["parameters"], reference.parameters) <= 1e-12

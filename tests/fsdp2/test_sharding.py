@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from multigpu import fsdp2
+from multigpu.core.models import TiedFrozenNet
 from multigpu.costmodel.fsdp2 import shard_numel
 from tests.fsdp2.problem import LR, global_steps
-from tests.hard_cases import HardCaseNet, hard_case_model, trainable_numel
+from tests.hard_cases import hard_case_model, trainable_numel
 
 
 def test_hsdp_replicates_over_one_dimension_and_shards_over_the_other(world4):
@@ -25,7 +26,7 @@ def test_hsdp_replicates_over_one_dimension_and_shards_over_the_other(world4):
 
 
 def test_meta_init_allocates_only_this_ranks_shards(world4, world2):
-    model = HardCaseNet()
+    model = TiedFrozenNet()
     for world_size, results in ((4, world4["meta"]), (2, world2["meta"])):
         for result in results:
             assert result["meta bytes"] == 0  # built on meta: nothing allocated

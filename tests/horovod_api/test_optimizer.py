@@ -24,10 +24,15 @@ from multigpu.core.units import MiB
 from multigpu.horovod_api import optimizer as hvd_optimizer
 from multigpu.ranks.horovod_api import train_horovod_style_rank as train
 from multigpu.runtime.launch import in_one_launch, spawn
-from tests.hard_cases import DTYPES, hard_case_data, hard_case_model, tiny_model
+from tests.hard_cases import (
+    DTYPES,
+    assert_kept,
+    cases_for,
+    hard_case_data,
+    sometimes_unused_model,
+)
 from tests.horovod_api.problems import TINY_MB
 from tests.ranks import horovod_from_own_seed_rank
-from tests.test_allreduce_sgd import sometimes_unused_model
 
 
 @pytest.mark.parametrize("label", ["one fusion", "many fusions"])
@@ -142,14 +147,17 @@ def test_bad_arguments_say_how_to_fix_them(one_rank):
         hvd.allreduce(torch.ones(2), op=dist.ReduceOp.SUM)
 
 
-# The hard cases (tests/hard_cases.py): a tied weight, a frozen parameter, a
-# parameter unused in forward, a buffer, fewer parameters than ranks, 41 samples,
-# float32 and float64, on 2, 3 and 4 ranks; ranks that start from noise added to
-# their weights, or that build the model from seed + rank: broadcast_parameters
-# gives them rank 0's.
+# The hard cases (tests/hard_cases.py, every case the registry says horovod_api
+# trains like one process), 41 samples, float32 and float64, on 2, 3 and 4 ranks;
+# ranks that start from noise added to their weights, or that build the model from
+# seed + rank: broadcast_parameters gives them rank 0's. The fusion buffers are
+# laid out in advance, so a parameter that only some ranks use (issue 19) is sent
+# by every rank, as zeros where it got no gradient: one fusion buffer (the default)
+# and one buffer per gradient. "accumulated" splits each rank's batch into two
+# micro-batches: only for the cases whose forward does not count its calls.
 HARD_CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.2, momentum=0.5, seed=3)
 HARD_ACCUMULATED = replace(HARD_CONFIG, batch_size=24)  # an even share on 2-4 ranks
-HARD_MODELS = {"HardCaseNet": hard_case_model, "TinyNet": tiny_model}
+HARD_CASES = cases_for("horovod_api")
 TOLERANCE = {torch.float64: 1e-14, torch.float32: 1e-6}  # measured 5.6e-17, 6.0e-8
 HARD_RUNS = {
     "noise, one fusion": lambda build, d, X, y: (train, (build(d), X, y, HARD_CONFIG)),
@@ -168,81 +176,49 @@ HARD_RUNS = {
 }
 
 
+def runs_of(case):
+    """The runs of HARD_RUNS that compare ``case`` with one process."""
+    return [r for r in HARD_RUNS if r != "accumulated" or case.one_forward_per_step]
+
+
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
 def hard_runs(request):
-    """{(model, dtype, run): Histories by rank}, every case in one launch."""
-    cases = [(n, d, r) for n in HARD_MODELS for d in DTYPES for r in HARD_RUNS]
+    """{(case name, dtype, run): Histories by rank}, every case in one launch,
+    bounded (a collective that mismatches fails, never hangs)."""
+    cases = [(c, d, r) for c in HARD_CASES for d in DTYPES for r in runs_of(c)]
     calls = [
-        HARD_RUNS[r](HARD_MODELS[n], d, *hard_case_data(dtype=d)) for n, d, r in cases
+        HARD_RUNS[r](case.build, d, *hard_case_data(dtype=d)) for case, d, r in cases
     ]
-    per_rank = spawn(in_one_launch, request.param, calls, timeout=60.0)
-    return {case: [by_rank[i] for by_rank in per_rank] for i, case in enumerate(cases)}
+    per_rank = spawn(in_one_launch, request.param, calls, timeout=60.0, deadline=240.0)
+    return {
+        (case.name, d, r): [by_rank[i] for by_rank in per_rank]
+        for i, (case, d, r) in enumerate(cases)
+    }
 
 
-@pytest.mark.parametrize("run", list(HARD_RUNS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(HARD_MODELS))
-def test_hard_cases_equal_one_process(hard_runs, name, dtype, run):
-    model = HARD_MODELS[name](dtype)
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    config = HARD_ACCUMULATED if run == "accumulated" else HARD_CONFIG
-    reference = single_process(model, *hard_case_data(dtype=dtype), config)
-    assert max_parameter_difference(reference.parameters, start) > 1e-2  # it trains
-    results = hard_runs[(name, dtype, run)]
-    for result in results:
-        difference = max_parameter_difference(result.parameters, reference.parameters)
-        assert difference < TOLERANCE[dtype], difference
-        for key, tensor in results[0].parameters.items():  # ranks identical
-            assert torch.equal(result.parameters[key], tensor), key
-        if name == "HardCaseNet":  # frozen and unused stay, tied stays tied
-            for key in ("frozen.weight", "frozen.bias", "unused.weight", "scale"):
-                assert torch.equal(result.parameters[key], start[key]), key
-            tied = result.parameters["encode.weight"]
-            assert torch.equal(tied, result.parameters["decode.weight"])
-
-
-# A parameter used on some ranks only (issue 19): SometimesUnusedNet's ``extra``
-# gets a gradient only on the ranks whose batch takes its branch. The fusion buffers
-# are laid out in advance, so every rank sends the same buffers in the same order,
-# the missing gradient as zeros: one fusion buffer (the default) and one buffer per
-# gradient, on 2 and 3 ranks, float64 and float32, each equal to one process.
-BRANCH_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
-BRANCH_THRESHOLDS = {
-    "one fusion": hvd_optimizer.FUSION_THRESHOLD_MB,
-    "per gradient": 0.0,
-}
-
-
-@pytest.fixture(
-    scope="module",
-    params=[(n, t) for n in (2, 3) for t in BRANCH_THRESHOLDS],
-    ids=lambda p: f"world{p[0]}-{p[1].replace(' ', '_')}",
-)
-def branch_runs(request):
-    """{dtype: Histories by rank} of one world size and fusion threshold, both
-    dtypes in one launch, bounded (a collective that mismatches fails, never
-    hangs)."""
-    world_size, label = request.param
-    calls = [
-        (
-            train,
-            (
-                sometimes_unused_model(d),
-                *hard_case_data(dtype=d),
-                HARD_CONFIG,
-                1,
-                BRANCH_THRESHOLDS[label],
-            ),
-        )
-        for d in DTYPES
-    ]
-    per_rank = spawn(in_one_launch, world_size, calls, timeout=60.0, deadline=180.0)
-    return {d: [by_rank[i] for by_rank in per_rank] for i, d in enumerate(DTYPES)}
+@pytest.mark.parametrize("case", HARD_CASES, ids=lambda case: case.name)
+def test_hard_cases_equal_one_process(hard_runs, case, dtype):
+    for run in runs_of(case):
+        model = case.build(dtype)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        config = HARD_ACCUMULATED if run == "accumulated" else HARD_CONFIG
+        reference = single_process(model, *hard_case_data(dtype=dtype), config)
+        assert max_parameter_difference(reference.parameters, start) > 1e-2  # trains
+        results = hard_runs[(case.name, dtype, run)]
+        for result in results:
+            difference = max_parameter_difference(
+                result.parameters, reference.parameters
+            )
+            assert difference < TOLERANCE[dtype], (run, difference)
+            for key, tensor in results[0].parameters.items():  # ranks identical
+                assert torch.equal(result.parameters[key], tensor), (run, key)
+            assert_kept(case, start, result.parameters, run)  # frozen, tied, ...
 
 
 def test_the_branch_is_taken_on_some_ranks_only():
-    """The case is real: in some step one rank's batch uses ``extra`` and another's
-    does not, on 2 and on 3 ranks."""
+    """SometimesUnusedNet's case is real here: in some step one rank's batch uses
+    ``extra`` and another's does not, on 2 and on 3 ranks."""
     X, _ = hard_case_data(dtype=torch.float64)
     for world_size in (2, 3):
         batches = [
@@ -255,26 +231,6 @@ def test_the_branch_is_taken_on_some_ranks_only():
             if len({bool((X[i][:, 0] > 1.5).any()) for i in step}) == 2
         ]
         assert mixed, world_size
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_parameter_unused_on_some_ranks_equals_one_process(branch_runs, dtype):
-    model = sometimes_unused_model(dtype)
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    reference = single_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
-    for key in ("extra.weight", "head.weight"):  # both train
-        assert (
-            max_parameter_difference(
-                {key: reference.parameters[key]}, {key: start[key]}
-            )
-            > 1e-3
-        ), key
-    results = branch_runs[dtype]
-    for result in results:
-        difference = max_parameter_difference(result.parameters, reference.parameters)
-        assert difference < BRANCH_TOLERANCE[dtype], difference
-        for key, tensor in results[0].parameters.items():  # ranks identical
-            assert torch.equal(result.parameters[key], tensor), key
 
 
 def test_fusion_buffers_are_laid_out_in_advance_in_reverse_registration_order():

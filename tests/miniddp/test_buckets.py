@@ -46,7 +46,7 @@ def layouts():
     cases = {
         ("ConvNet", False): (conv, 0.002, 3, False),
         ("ConvNet", True): (conv, 0.002, 3, True),
-        ("HardCaseNet", True): (hard_case_model(), 0.0002, 3, True, X),
+        ("TiedFrozenNet", True): (hard_case_model(), 0.0002, 3, True, X),
     }
     calls = [(miniddp_ranks.layouts_rank, args) for args in cases.values()]
     per_rank = spawn(in_one_launch, 2, calls, timeout=TIMEOUT)
@@ -65,7 +65,7 @@ def test_without_unused_parameter_search_both_rebuild_once_after_step_1(layouts)
     assert ours[2] == theirs[2] == theirs[1]  # step 3: not rebuilt again
 
 
-@pytest.mark.parametrize("model", ["ConvNet", "HardCaseNet"])
+@pytest.mark.parametrize("model", ["ConvNet", "TiedFrozenNet"])
 def test_with_unused_parameter_search_neither_ever_rebuilds(layouts, model):
     ours, theirs = layouts[model, True]["ours"], layouts[model, True]["torch"]
     assert len(theirs) == 3 and len(theirs[0]) > 1

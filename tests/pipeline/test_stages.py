@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from multigpu.pipeline import split_microbatches, split_sequential, stage_sizes
-from tests.hard_cases import hard_case_model
-from tests.pipeline.problem import data, hard_sequential
+from tests.hard_cases import case_id, hard_case_model, refusals_for
+from tests.pipeline.problem import PIPELINE_CASES, data, hard_sequential
 
 
 def test_stage_sizes_cut_like_tensor_split():
@@ -52,9 +52,25 @@ def test_split_sequential_refuses_a_model_that_is_not_sequential():
     with pytest.raises(TypeError) as error:
         split_sequential(hard_case_model(), 2)
     assert str(error.value) == (
-        "split_sequential needs an nn.Sequential, got HardCaseNet. Write the model "
+        "split_sequential needs an nn.Sequential, got TiedFrozenNet. Write the model "
         "as nn.Sequential(...) of its layers in order."
     )
+
+
+@pytest.mark.parametrize(("case", "refusal"), refusals_for("pipeline"), ids=case_id)
+def test_the_hard_cases_a_pipeline_cannot_take_are_refused_by_name(case, refusal):
+    """The registry's cases without an nn.Sequential form, as they are."""
+    assert case.sequential is None
+    with pytest.raises((TypeError, ValueError)) as error:
+        split_sequential(case.build(), 2)
+    assert refusal.words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("case", PIPELINE_CASES, ids=lambda case: case.name)
+def test_the_sequential_form_of_each_case_cuts_into_2_and_4_stages(case):
+    model = case.sequential()
+    for stages in (2, 4):
+        assert [m for s in split_sequential(model, stages) for m in s] == list(model)
 
 
 def test_split_microbatches_handles_41_samples_in_4():

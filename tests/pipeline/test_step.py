@@ -1,7 +1,8 @@
 """Tests for multigpu.pipeline.step and executor on ranks: GPipe and 1F1B on 2 and 4
 ranks equal one process on the whole batch (float64 within 1e-12, float32 within
-1e-6) on the hard cases, hold the micro-batches and send the bytes of the formulas,
-and run their blocks in the schedule's order. One launch per world size."""
+1e-6) on every hard case the registry gives the pipeline, hold the micro-batches
+and send the bytes of the formulas, and run their blocks in the schedule's order.
+One launch per world size."""
 
 import multiprocessing
 
@@ -22,7 +23,7 @@ from multigpu.pipeline import (
 )
 from multigpu.ranks.pipeline import pipeline_rank, run_pipelines
 from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
-from tests.pipeline.problem import data, hard_sequential
+from tests.pipeline.problem import PIPELINE_CASES, data, hard_sequential
 
 DELAYS = (0.01, 0.02)  # seconds added to each forward and backward
 STEPS = {  # name -> (dtype, num_microbatches, schedule, delays)
@@ -41,76 +42,85 @@ TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6}
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def runs(request):
+    """(world_size, {(case name, step name): the merged PipelineRun})."""
     world_size = request.param
-    calls = []
-    for dtype, m, schedule, delays in STEPS.values():
-        X, y = data(dtype)
-        calls.append(
-            (pipeline_rank, (hard_sequential(dtype), X, y, m, schedule, delays))
-        )
+    keys, calls = [], []
+    for case in PIPELINE_CASES:
+        for name, (dtype, m, schedule, delays) in STEPS.items():
+            X, y = data(dtype)
+            model = case.sequential(dtype)
+            keys.append((case.name, name))
+            calls.append((pipeline_rank, (model, X, y, m, schedule, delays)))
     per_rank = spawn(in_one_launch, world_size, calls, timeout=60)
     merged = [merge_stage_results([r[k] for r in per_rank]) for k in range(len(calls))]
-    return world_size, dict(zip(STEPS, merged, strict=True))
+    return world_size, dict(zip(keys, merged, strict=True))
 
 
-def test_every_schedule_equals_one_process(runs):
+@pytest.mark.parametrize("case", PIPELINE_CASES, ids=lambda case: case.name)
+def test_every_schedule_equals_one_process(runs, case):
     _, results = runs
     for name, (dtype, *_) in STEPS.items():
         X, y = data(dtype)
-        loss, reference = one_process_gradients(hard_sequential(dtype), X, y)
-        run = results[name]
+        model = case.sequential(dtype)
+        loss, reference = one_process_gradients(model, X, y)
+        run = results[(case.name, name)]
         assert abs(run.loss - loss) < TOLERANCE[dtype], name
         assert run.gradients.keys() == reference.keys()
         for key, gradient in reference.items():
-            if gradient is None:  # the frozen layer and the unused parameter
+            if gradient is None:  # frozen, unused or never read
                 assert run.gradients[key] is None, (name, key)
             else:
                 difference = (run.gradients[key] - gradient).abs().max().item()
                 assert difference < TOLERANCE[dtype], (name, key, difference)
-    assert reference["2.weight"] is None  # the frozen layer
-    assert reference["3.unused"] is None
+        # the Sequential keeps the case's parameters that never get a gradient
+        assert any(g is None for g in reference.values()) == bool(case.still), name
 
 
 def test_in_flight_microbatches_and_their_bytes(runs):
     world_size, results = runs
-    for name, (_, m, schedule, _) in STEPS.items():
-        run = results[name]
+    for (case_name, name), run in results.items():
+        _, m, schedule, _ = STEPS[name]
         for stage in range(world_size):
             held = in_flight_microbatches(schedule, stage, world_size, m)
-            assert run.peak_in_flight[stage] == held, (name, stage)
+            assert run.peak_in_flight[stage] == held, (case_name, name, stage)
             saved = run.saved_bytes[stage]  # per micro-batch, in order
             window = max(sum(saved[k : k + held]) for k in range(m - held + 1))
-            assert run.peak_saved_bytes[stage] == window, (name, stage)
-    gpipe, one_f_one_b = results["gpipe m=4"], results["1f1b m=4"]
-    if world_size == 2:  # stage 0 holds 4 micro-batches under GPipe, 2 under 1F1B
-        assert gpipe.peak_saved_bytes[0] > one_f_one_b.peak_saved_bytes[0]
+            assert run.peak_saved_bytes[stage] == window, (case_name, name, stage)
+        gpipe, one_f_one_b = (
+            results[(case_name, "gpipe m=4")],
+            results[(case_name, "1f1b m=4")],
+        )
+        if world_size == 2:  # stage 0 holds 4 micro-batches under GPipe, 2 under 1F1B
+            assert gpipe.peak_saved_bytes[0] > one_f_one_b.peak_saved_bytes[0]
 
 
 def test_bytes_sent_are_the_formula(runs):
     world_size, results = runs
-    for name, (dtype, *_) in STEPS.items():
-        hidden = 6  # every boundary of the hard-case model is 6 wide
+    for (case_name, name), run in results.items():
+        dtype = STEPS[name][0]
+        hidden = 6  # every boundary of the hard-case models is 6 wide
         size = torch.finfo(dtype).bits // 8
         expected = [
             pp_bytes_per_step(41, 1, hidden, size, stage, world_size)
             for stage in range(world_size)
         ]
-        assert results[name].bytes_sent == expected, name
+        assert run.bytes_sent == expected, (case_name, name)
 
 
 def test_blocks_run_in_the_schedule_order_and_the_bubble_is_near_the_formula(runs):
     world_size, results = runs
-    for name, schedule in (("gpipe timed", "gpipe"), ("1f1b timed", "1f1b")):
-        run = results[name]
-        actions = schedule_actions(schedule, world_size, 4)
-        for stage in range(world_size):
-            done = [(b.op, b.microbatch) for b in run.blocks if b.stage == stage]
-            planned = [a for a in actions[stage] if a[0] in ("forward", "backward")]
-            assert done == planned, (name, stage)
-        measured = bubble_fraction(run.blocks, world_size)
-        formula = pipeline_bubble_fraction(world_size, 4)
-        # timings only loosely: messages and a shared CPU add idle time
-        assert formula - 0.05 < measured < formula + 0.3, (name, measured)
+    for case in PIPELINE_CASES:
+        for name, schedule in (("gpipe timed", "gpipe"), ("1f1b timed", "1f1b")):
+            run = results[(case.name, name)]
+            actions = schedule_actions(schedule, world_size, 4)
+            for stage in range(world_size):
+                done = [(b.op, b.microbatch) for b in run.blocks if b.stage == stage]
+                planned = [a for a in actions[stage] if a[0] in ("forward", "backward")]
+                assert done == planned, (case.name, name, stage)
+            measured = bubble_fraction(run.blocks, world_size)
+            formula = pipeline_bubble_fraction(world_size, 4)
+            # timings only loosely: messages and a shared CPU add idle time
+            assert formula - 0.05 < measured < formula + 0.3, (case.name, measured)
 
 
 def test_max_gradient_difference_counts_a_missing_gradient_as_infinite():

@@ -52,7 +52,7 @@ def test_a_model_the_flat_buffer_cannot_hold_is_refused():
     with pytest.raises(ValueError) as error:
         zero.flatten_parameters(model)
     assert str(error.value) == (
-        "HardCaseNet has no parameter that requires a gradient, so there is nothing "
+        "TiedFrozenNet has no parameter that requires a gradient, so there is nothing "
         "to train. Unfreeze at least one parameter."
     )
     model = hard_case_model()
@@ -60,6 +60,6 @@ def test_a_model_the_flat_buffer_cannot_hold_is_refused():
     with pytest.raises(ValueError) as error:
         zero.flatten_parameters(model)
     assert str(error.value) == (
-        "HardCaseNet mixes parameter dtypes (torch.float32, torch.float64); one flat "
+        "TiedFrozenNet mixes parameter dtypes (torch.float32, torch.float64); one flat "
         "buffer holds one dtype. Convert the model first, e.g. model.double()."
     )

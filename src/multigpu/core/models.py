@@ -3,7 +3,8 @@
 Taught in ``notebooks/01_single_device_baseline.ipynb``. ``ConvNet(batch_norm=True)``
 shows BatchNorm under DataParallel (05). Two small wrappers serve the DataParallel
 pitfalls: ``TemperatureNet`` takes a keyword argument next to its input (04) and
-``LossNet`` returns its loss from ``forward`` (05).
+``LossNet`` returns its loss from ``forward`` (05). ``TiedFrozenNet`` has every case
+a sharded wrapper can get wrong (14; the tests' hard cases).
 """
 
 from __future__ import annotations
@@ -89,6 +90,33 @@ def mlp(
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable scalars in ``model`` (01)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class TiedFrozenNet(nn.Module):
+    """(N, inputs) -> logits (N, classes) through embed, frozen, encode, decode
+    (encode's weight, tied), head; ``unused`` is never called (14).
+
+    A weight tied between two layers, a frozen layer, a layer never called in
+    forward and a buffer read in forward, and a parameter count that no world size
+    from 2 to 4 divides: the hard cases of the tests (``tests/hard_cases.py``), as
+    a model a notebook can hand to its ranks."""
+
+    def __init__(self, inputs: int = 6, hidden: int = 6, classes: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(inputs, hidden)
+        self.frozen = nn.Linear(hidden, hidden).requires_grad_(False)
+        self.encode = nn.Linear(hidden, hidden, bias=False)
+        self.decode = nn.Linear(hidden, hidden, bias=False)
+        self.decode.weight = self.encode.weight  # one tensor, two modules: tied
+        self.head = nn.Linear(hidden, classes)
+        self.unused = nn.Linear(hidden, 2)  # never called in forward
+        self.register_buffer("scale", torch.tensor(0.5))  # read in forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        h = torch.tanh(self.frozen(h))
+        h = torch.tanh(self.decode(torch.tanh(self.encode(h))))
+        return self.head(h * self.scale)
 
 
 class TemperatureNet(nn.Module):

@@ -115,6 +115,7 @@ class MiniDDP(nn.Module):
         self._callback_queued = False
         self._ready: set[int] = set()  # ids of params whose gradient is in
         self._unused: set[int] = set()  # ids found unused after this forward
+        self._got_gradient: set[int] = set()  # ids with a gradient since last sync
         self._t0 = 0.0
         self._last_ready = 0.0
         broadcast_from_rank0(
@@ -168,6 +169,7 @@ class MiniDDP(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _on_gradient(self, param: nn.Parameter) -> None:
+        self._got_gradient.add(id(param))  # no_sync steps count too, as in DDP
         if not self._sync_this_backward:
             return
         if not self._callback_queued:
@@ -205,11 +207,14 @@ class MiniDDP(nn.Module):
             self.events.append(TimelineEvent("backward", "sync", start, self._now()))
 
     def _keep_unused_grads_as_ddp_does(self) -> None:
-        """A parameter that no rank used keeps ``grad=None`` (DDP's rule); one that
-        some rank used gets the mean gradient. One more all-reduce, of a 0/1 map."""
+        """A parameter that no rank used since the last synchronization (this
+        backward and the ``no_sync`` ones before it) keeps ``grad=None`` (DDP's
+        rule); one that some rank used gets the mean gradient. One more all-reduce,
+        of a 0/1 map."""
         used = torch.tensor(
-            [0.0 if id(p) in self._unused else 1.0 for _, p in self.named_params]
+            [float(id(p) in self._got_gradient) for _, p in self.named_params]
         )
+        self._got_gradient = set()
         dist.all_reduce(used)
         for (_, p), count in zip(self.named_params, used.tolist()):
             if count == 0:

@@ -78,6 +78,7 @@ class TensorParallelBlock(nn.Module):
     ) -> None:
         super().__init__()
         check_splittable(block, "The block")
+        check_block(block)
         hidden = block.ln1.normalized_shape[0]
         check_divisible("hidden", hidden, world_size)
         check_divisible("ffn", block.mlp.fc1.out_features, world_size)
@@ -102,6 +103,19 @@ class TensorParallelBlock(nn.Module):
             return x * dropout_mask((b, s, h), self.dropout, seed, x.dtype)
         full = dropout_mask((b, s * self.world_size, h), self.dropout, seed, x.dtype)
         return x * full[:, self.rank * s : (self.rank + 1) * s]
+
+
+def check_block(block: nn.Module) -> None:
+    """Refuse, by name, a module that is not a transformer block: one without the
+    ln1, attn, ln2 and mlp of :class:`~multigpu.tensor_parallel.model.Block` (15)."""
+    missing = [n for n in ("ln1", "attn", "ln2", "mlp") if not hasattr(block, n)]
+    if missing:
+        raise TypeError(
+            "TensorParallelBlock splits a transformer block (ln1, attn, ln2, mlp, "
+            f"as make_block() builds it); {type(block).__name__} has no "
+            f"{', '.join(missing)}. Build the block with make_block(), or split "
+            "its nn.Linear layers with ColumnParallelLinear and RowParallelLinear."
+        )
 
 
 def _copy_norm(norm: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:

@@ -38,6 +38,7 @@ from multigpu.zero.flat import (
     flatten_parameters,
     shard_of,
     trainable_parameters,
+    watch_missing_gradients,
 )
 from multigpu.zero.ledger import measure_ledger
 from multigpu.zero.zero3 import (
@@ -178,16 +179,16 @@ def train_stage(
     group): its history with the full weights (gathered), the bytes sent per step
     and the ledger after the last step (13).
 
-    Every rank starts from rank 0's weights and buffers (broadcast, as DDP does).
-    DDP, ZeRO-1 and ZeRO-2 take any module (frozen parameters stay frozen and out of
-    the optimizer, tied weights stay tied); ZeRO-3 what
-    :func:`~multigpu.zero.zero3.shard_model` shards. ``batches``: this rank's
-    batches, one per step, each sample indices into ``X`` and ``y`` or an (inputs,
-    labels) pair; by default notebook 08's. Every rank passes as many; the stages
-    average the ranks' mean gradients, so equal-sized batches train like one process
-    on their union. With ``batches``, ``config`` gives ``lr`` only and
-    ``train_loss`` is one mean over all steps. ``step`` replaces the stage's own
-    step function (DDP, ZeRO-1, ZeRO-2 only).
+    Every rank starts from rank 0's weights and buffers (broadcast, as DDP does). DDP,
+    ZeRO-1 and ZeRO-2 take any module (frozen parameters stay frozen and out of the
+    optimizer, tied weights stay tied) but refuse a parameter that gets a gradient in
+    some steps and none in others (:func:`watch_missing_gradients`); ZeRO-3 what
+    :func:`~multigpu.zero.zero3.shard_model` shards. ``batches``: this rank's batches,
+    one per step, each sample indices into ``X`` and ``y`` or an (inputs, labels) pair;
+    by default notebook 08's. Every rank passes as many; the stages average the ranks'
+    mean gradients, so equal-sized batches train like one process on their union. With
+    ``batches``, ``config`` gives ``lr`` only and ``train_loss`` is one mean over all
+    steps. ``step`` replaces the stage's own step function (DDP, ZeRO-1, ZeRO-2 only).
     """
     check_choice("stage", stage, ZERO_STAGES)
     world_size, rank = dist.get_world_size(), dist.get_rank()
@@ -220,8 +221,10 @@ def train_stage(
         else:
             shard = nn.Parameter(shard_of(flat, rank, world_size))  # my chunk, a view
         optimizer = torch.optim.Adam([shard], lr=config.lr)
-        for inputs, labels in steps:
+        check_missing = watch_missing_gradients(model, stage)
+        for number, (inputs, labels) in enumerate(steps, start=1):
             loss, sent = step(model, flat, shard, optimizer, inputs, labels)
+            check_missing(number)  # refused on every rank at once
             history.step_loss.append(float(loss))
             history.bytes_sent.append(sent)
         history.ledger = measure_ledger([*model.parameters(), shard], optimizer)

@@ -27,6 +27,7 @@ from pathlib import Path
 import multigpu
 import multigpu.exercises
 from multigpu.exercises import ExerciseResult
+from tests.exercises.checkers import exercise_checkers
 
 MIN_CODE = 12
 SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
@@ -104,18 +105,9 @@ def _checked(checker):
 
 
 def _wrap_every_checker() -> None:
-    for info in pkgutil.iter_modules(multigpu.exercises.__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"multigpu.exercises.{info.name}")
-        for name, function in vars(module).items():
-            if (
-                name.startswith("check_")
-                and inspect.isfunction(function)
-                and function.__module__ == module.__name__
-                and not hasattr(function, "__wrapped__")
-            ):
-                setattr(module, name, _checked(function))
+    for module, name, function in exercise_checkers():
+        if not hasattr(function, "__wrapped__"):
+            setattr(module, name, _checked(function))
 
 
 _wrap_every_checker()

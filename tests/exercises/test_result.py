@@ -2,29 +2,19 @@
 ``(passed, message)`` tuple, so ``passed, message = check_...(...)`` and
 ``check_...(...)[1]`` keep working in every notebook."""
 
-import importlib
 import inspect
-import pkgutil
 import typing
 
-import multigpu.exercises
 from multigpu.exercises import ExerciseResult
 from multigpu.exercises.dataparallel import check_scatter
 from tests.exercises import wrong_dataparallel as wrong
+from tests.exercises.checkers import exercise_checkers
 
 
 def _checkers():
-    for info in pkgutil.iter_modules(multigpu.exercises.__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"multigpu.exercises.{info.name}")
-        for name, function in vars(module).items():
-            if (
-                name.startswith("check_")
-                and inspect.isfunction(function)
-                and function.__module__ == module.__name__
-            ):
-                yield f"{info.name}.{name}", inspect.unwrap(function)
+    for module, name, function in exercise_checkers():
+        short = module.__name__.rpartition(".")[2]
+        yield f"{short}.{name}", inspect.unwrap(function)
 
 
 def test_every_checker_declares_the_one_result_type():

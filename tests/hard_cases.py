@@ -23,6 +23,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from multigpu.core.compare import max_parameter_difference
 from multigpu.core.models import TiedFrozenNet
 from multigpu.pipeline import Scale
 
@@ -415,6 +416,25 @@ def assert_kept(
     for first, second in case.tied:
         if second in parameters:
             assert torch.equal(parameters[first], parameters[second]), (case, where)
+
+
+def assert_ranks_equal_one_process(
+    case: HardCase,
+    start: Mapping[str, torch.Tensor],
+    results: list,
+    reference,
+    tolerance: float,
+    where: object = "",
+) -> None:
+    """Every rank's result (a History) is within ``tolerance`` of one process's,
+    the ranks are identical bit for bit, and each kept what ``case`` says never
+    moves (:func:`assert_kept`)."""
+    for result in results:
+        difference = max_parameter_difference(result.parameters, reference.parameters)
+        assert difference < tolerance, (where, difference)
+        for key, tensor in results[0].parameters.items():  # ranks identical
+            assert torch.equal(result.parameters[key], tensor), (where, key)
+        assert_kept(case, start, result.parameters, where)  # frozen, tied, ...
 
 
 def never_gradient_numel(case: HardCase, model: nn.Module) -> int:

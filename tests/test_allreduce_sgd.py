@@ -30,7 +30,7 @@ from multigpu.ranks.allreduce_sgd import (
 from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
 from tests.hard_cases import (
     DTYPES,
-    assert_kept,
+    assert_ranks_equal_one_process,
     cases_for,
     hard_case_data,
     hard_case_model,
@@ -296,14 +296,9 @@ def test_hard_cases_equal_one_process(hard_runs, case, dtype):
     reference = train_single_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
     assert max_parameter_difference(reference.parameters, start) > 1e-2  # it trains
     for run, results in hard_runs[(case.name, dtype)].items():
-        for result in results:
-            difference = max_parameter_difference(
-                result.parameters, reference.parameters
-            )
-            assert difference < TOLERANCE[dtype], (run, difference)
-            for key, tensor in results[0].parameters.items():  # ranks identical
-                assert torch.equal(result.parameters[key], tensor), (run, key)
-            assert_kept(case, start, result.parameters, run)  # frozen, tied, ...
+        assert_ranks_equal_one_process(
+            case, start, results, reference, TOLERANCE[dtype], run
+        )
 
 
 def test_ranks_built_from_their_own_seed_are_refused():

@@ -26,7 +26,7 @@ from multigpu.ranks.horovod_api import train_horovod_style_rank as train
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.hard_cases import (
     DTYPES,
-    assert_kept,
+    assert_ranks_equal_one_process,
     cases_for,
     hard_case_data,
     sometimes_unused_model,
@@ -206,14 +206,9 @@ def test_hard_cases_equal_one_process(hard_runs, case, dtype):
         reference = single_process(model, *hard_case_data(dtype=dtype), config)
         assert max_parameter_difference(reference.parameters, start) > 1e-2  # trains
         results = hard_runs[(case.name, dtype, run)]
-        for result in results:
-            difference = max_parameter_difference(
-                result.parameters, reference.parameters
-            )
-            assert difference < TOLERANCE[dtype], (run, difference)
-            for key, tensor in results[0].parameters.items():  # ranks identical
-                assert torch.equal(result.parameters[key], tensor), (run, key)
-            assert_kept(case, start, result.parameters, run)  # frozen, tied, ...
+        assert_ranks_equal_one_process(
+            case, start, results, reference, TOLERANCE[dtype], run
+        )
 
 
 def test_the_branch_is_taken_on_some_ranks_only():

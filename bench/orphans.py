@@ -36,7 +36,7 @@ from tempfile import TemporaryDirectory
 import psutil
 
 STARTUP_S = 90.0  # the longest a caller may take to start its ranks
-WAIT_S = 10.0  # how long to wait for the processes to end after the kill
+WAIT_S = 20.0  # how long to wait for the processes to end after the kill
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, home of bench.ranks
 SCRIPT = f"""\

@@ -16,7 +16,7 @@ from multigpu.allreduce_sgd import (
     compare_with_reference,
     per_rank_batch_size,
     sum_gradients,
-    train_single_process,
+    train_one_process,
     world_losses,
 )
 from multigpu.core.compare import max_parameter_difference
@@ -59,7 +59,7 @@ def problem():
 
 @pytest.fixture(scope="module")
 def reference(problem):
-    return train_single_process(*problem, CONFIG)
+    return train_one_process(*problem, CONFIG)
 
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"world{n}")
@@ -84,7 +84,7 @@ def test_every_rank_ends_with_identical_parameters(runs, name):
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_parameters_equal_single_process_sgd_on_the_global_batch(runs, reference, name):
+def test_parameters_equal_one_process_sgd_on_the_global_batch(runs, reference, name):
     for result in runs[name]:
         assert result.parameters.keys() == reference.parameters.keys()
         for key, tensor in reference.parameters.items():
@@ -155,7 +155,7 @@ def test_partitioner_is_seeded_and_reshuffles_each_epoch():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_ranks_batches_together_are_the_single_process_global_batches(world_size):
+def test_ranks_batches_together_are_the_one_process_global_batches(world_size):
     num_samples, global_batch, steps = 50, 12, 9  # 4 steps per epoch, 2 left over
     single = batch_indices(num_samples, global_batch, steps, seed=7)
     per_rank = [
@@ -293,7 +293,7 @@ def hard_runs(request):
 def test_hard_cases_equal_one_process(hard_runs, case, dtype):
     model = case.build(dtype)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    reference = train_single_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
+    reference = train_one_process(model, *hard_case_data(dtype=dtype), HARD_CONFIG)
     assert max_parameter_difference(reference.parameters, start) > 1e-2  # it trains
     for run, results in hard_runs[(case.name, dtype)].items():
         assert_ranks_equal_one_process(

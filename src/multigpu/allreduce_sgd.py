@@ -40,14 +40,14 @@ import torch.distributed as dist
 from torch import nn
 
 from multigpu import collectives
-from multigpu.core.compare import max_parameter_difference
-from multigpu.core.sharding import (  # noqa: F401 (taught in 08)
+from multigpu.core.batches import (  # noqa: F401 (taught in 08)
     DataPartitioner,
     batch_indices,
     epoch_means,
     per_rank_batch_size,
     run_batches,
 )
+from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import ALLREDUCE_METHODS, History, TrainConfig, cpu_state_dict
 from multigpu.runtime.rank import rank_device
 
@@ -188,7 +188,7 @@ def train_loop(
     same ``order``. Equal per-rank batch sizes make the mean of the per-rank mean
     losses the mean over the global batch, so averaged gradients equal the
     global-batch gradient and k steps on ``world_size`` processes equal k steps of
-    :func:`train_single_process`. The last ``N % G`` samples of each epoch's order are
+    :func:`train_one_process`. The last ``N % G`` samples of each epoch's order are
     not used (``drop_last``), which keeps every batch full (08).
     """
     device = rank_device() if distributed else torch.device("cpu")
@@ -215,7 +215,7 @@ def train_loop(
     return history
 
 
-def train_single_process(
+def train_one_process(
     model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig
 ) -> History:
     """The reference: plain SGD on the global batch in this process (08).

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from multigpu import ddp
-from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.allreduce_sgd import train_one_process as one_process
 from multigpu.core.train import TrainConfig
 from multigpu.ranks import ddp as ddp_ranks
 from multigpu.runtime.launch import spawn
@@ -56,12 +56,12 @@ def eval_set(problem):
 
 @pytest.fixture(scope="session")
 def reference(problem):
-    return single_process(*problem, CONFIG)
+    return one_process(*problem, CONFIG)
 
 
 @pytest.fixture(scope="session")
 def bn_reference(bn_problem):
-    return single_process(*bn_problem, CONFIG)
+    return one_process(*bn_problem, CONFIG)
 
 
 def _calls(problem, bn_problem, eval_set, world_size, checkpoint_dir):

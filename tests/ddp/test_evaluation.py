@@ -7,7 +7,7 @@ import torch
 from multigpu.core.train import evaluate
 
 
-def test_distributed_accuracy_equals_single_process_accuracy_exactly(
+def test_distributed_accuracy_equals_one_process_accuracy_exactly(
     runs, problem, eval_set
 ):
     model, _, _ = problem

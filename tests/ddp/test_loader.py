@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from multigpu import ddp
+from multigpu.core.batches import batch_indices
 from multigpu.core.data import epoch_order
-from multigpu.core.sharding import batch_indices
 from tests.ddp.problems import HARD_BATCH, NUM_SAMPLES
 from tests.hard_cases import NUM_SAMPLES as HARD_SAMPLES
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.allreduce_sgd import train_one_process
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.data import epoch_order
 from multigpu.ranks import ddp as ddp_ranks
@@ -113,7 +113,7 @@ HARD_CASES = cases_for("ddp")
 
 def one_process(case, dtype, config):
     X, y = hard_case_data(dtype=dtype)
-    return single_process(case.build(dtype, 0), X, y, config)
+    return train_one_process(case.build(dtype, 0), X, y, config)
 
 
 def padded_one_process(model, X, y, config, world_size):
@@ -185,7 +185,7 @@ def test_padded_sampler_adds_steps_and_equals_padding_emulated(hard_runs):
     X, y = hard_case_data()
     model = hard_case_model(torch.float64, 0)
     emulated = padded_one_process(model, X, y, config, world_size)
-    exact = single_process(model, X, y, config)
+    exact = train_one_process(model, X, y, config)
     for result in hard_runs["padded"]:
         history = result["history"]
         # one step more per epoch than one process: 7 instead of 6, 11 instead of 10

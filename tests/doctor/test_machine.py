@@ -2,7 +2,7 @@
 
 import sys
 
-from multigpu.core.units import GiB, MiB
+from multigpu.core.sizes import GiB, MiB
 from multigpu.doctor.machine import (
     check_cores,
     check_disk,

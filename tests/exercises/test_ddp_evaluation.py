@@ -5,7 +5,7 @@ check of exercise 3 names the wrapper's prefix and a wrong run."""
 import pytest
 import torch
 
-from multigpu.allreduce_sgd import train_single_process
+from multigpu.allreduce_sgd import train_one_process
 from multigpu.core.data import get_dataset, tensors
 from multigpu.core.models import ConvNet
 from multigpu.core.reproducibility import set_seed
@@ -96,9 +96,7 @@ def script_weights():
     set_seed(0)
     X, y = tensors(get_dataset("digits", train=True))
     config = TrainConfig(epochs=2, batch_size=64, lr=0.05, momentum=0.9, seed=0)
-    reference = train_single_process(
-        ConvNet().double(), X[:256].double(), y[:256], config
-    )
+    reference = train_one_process(ConvNet().double(), X[:256].double(), y[:256], config)
     return dict(zip(wrong.SCRIPT_MISTAKES, runs)), reference.parameters
 
 

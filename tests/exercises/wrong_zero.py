@@ -15,7 +15,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn import functional as F
 
 from multigpu.collectives import all_gather, reduce_scatter
-from multigpu.core.sharding import run_batches
+from multigpu.core.batches import run_batches
 from multigpu.zero import pop_flat_gradients
 
 # Exercise 1: ZeRO-2 steps with PyTorch's collectives, which need equal chunks.

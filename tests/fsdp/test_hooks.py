@@ -19,7 +19,7 @@ def test_the_reference_hooks_follow_each_units_life_and_train_like_one_process()
     ranks = spawn(
         unit_hooks_rank, 2, UnitHooks, [(models, X, y, CONFIG)], timeout=TIMEOUT
     )
-    reference = zero.train_single_process_adam(
+    reference = zero.train_one_process_adam(
         hard_case_model(torch.float64, seed=0), X, y, CONFIG
     ).parameters
     for (report,) in ranks:
@@ -68,7 +68,7 @@ def test_a_root_unit_with_an_empty_chunk_trains_like_one_process():
     ranks = spawn(
         unit_hooks_rank, 3, UnitHooks, [(models, X, y, CONFIG)], timeout=TIMEOUT
     )
-    reference = zero.train_single_process_adam(
+    reference = zero.train_one_process_adam(
         tiny_model(torch.float64, seed=0), X, y, CONFIG
     ).parameters  # 2 parameters over 3 ranks: rank 2's chunk is empty
     for (report,) in ranks:

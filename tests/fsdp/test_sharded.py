@@ -69,7 +69,7 @@ def test_fsdp_by_hand_trains_like_one_process_on_the_hard_cases(fsdp_runs, dtype
     X, y = hard_case_data(dtype=dtype)
     for case in HARD_CASES:
         start = case.build(dtype, seed=0)
-        reference = zero.train_single_process_adam(start, X, y, CONFIG)
+        reference = zero.train_one_process_adam(start, X, y, CONFIG)
         names = list(start.state_dict())
         moved = difference(reference.parameters, start.state_dict(), names)
         assert moved > 100 * TOLERANCE[dtype]  # training did move the weights
@@ -99,7 +99,7 @@ def test_the_float32_difference_is_the_order_of_additions(fsdp_runs):
     X, y = hard_case_data(dtype=torch.float32)
     start = hard_case_model(torch.float32)
     reference = fsdp.train_ranks_arithmetic_adam(start, X, y, CONFIG, world_size)
-    plain = zero.train_single_process_adam(start, X, y, CONFIG).parameters
+    plain = zero.train_one_process_adam(start, X, y, CONFIG).parameters
     for history in histories[("TiedFrozenNet", torch.float32)]:
         for name in reference:
             assert torch.equal(history.parameters[name], reference[name]), name
@@ -111,7 +111,7 @@ def test_on_one_rank_fsdp_by_hand_is_the_plain_model_bit_for_bit():
     start = hard_case_model(torch.float32)
     runs = [(start, X, y, CONFIG, {"depth": 1})]
     (history,) = spawn(fsdp_ranks.fsdp_runs_rank, 1, runs, timeout=TIMEOUT)[0]
-    reference = zero.train_single_process_adam(start, X, y, CONFIG)
+    reference = zero.train_one_process_adam(start, X, y, CONFIG)
     for name, value in reference.parameters.items():
         assert torch.equal(history.parameters[name], value), name
 
@@ -205,7 +205,7 @@ def test_bf16_is_bounded_from_one_process_and_matches_fsdp2(fsdp_runs):
     world_size, histories, _ = fsdp_runs
     X, y = hard_case_data(dtype=torch.float32)
     start = hard_case_model(torch.float32)
-    reference = zero.train_single_process_adam(start, X, y, CONFIG).parameters
+    reference = zero.train_one_process_adam(start, X, y, CONFIG).parameters
     names = [n for n, _ in start.named_parameters()]
     for mine, theirs in zip(
         histories[("TiedFrozenNet bf16", torch.float32)], histories["FSDP2 bf16"]

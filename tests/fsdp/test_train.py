@@ -14,7 +14,7 @@ def test_the_ranks_arithmetic_on_one_rank_is_one_process():
     model = hard_case_model(torch.float32)
     config = TrainConfig(epochs=1, batch_size=12, lr=0.05)
     ours = train_ranks_arithmetic_adam(model, X, y, config, world_size=1)
-    plain = zero.train_single_process_adam(model, X, y, config).parameters
+    plain = zero.train_one_process_adam(model, X, y, config).parameters
     assert all(torch.equal(ours[name], plain[name]) for name in plain)
     two = train_ranks_arithmetic_adam(model, X, y, config, world_size=2)
     assert not all(torch.equal(two[name], plain[name]) for name in plain)

@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from multigpu import horovod_api as hvd
-from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.allreduce_sgd import train_one_process as one_process
 from multigpu.ranks import horovod_api as hvd_ranks
 from multigpu.ranks import miniddp as miniddp_ranks
 from multigpu.runtime.launch import in_one_launch, spawn
@@ -31,7 +31,7 @@ def problem(convnet_problem):
 
 @pytest.fixture
 def reference(problem):
-    return single_process(*problem, CONFIG)
+    return one_process(*problem, CONFIG)
 
 
 @pytest.fixture(scope="session")

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 
 from multigpu import horovod_api as hvd
-from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.allreduce_sgd import train_one_process as one_process
 from multigpu.allreduce_sgd import world_losses
+from multigpu.core.batches import run_batches
 from multigpu.core.compare import max_parameter_difference
-from multigpu.core.sharding import run_batches
+from multigpu.core.sizes import MiB
 from multigpu.core.train import TrainConfig
-from multigpu.core.units import MiB
 from multigpu.horovod_api import optimizer as hvd_optimizer
 from multigpu.ranks.horovod_api import train_horovod_style_rank as train
 from multigpu.runtime.launch import in_one_launch, spawn
@@ -203,7 +203,7 @@ def test_hard_cases_equal_one_process(hard_runs, case, dtype):
         model = case.build(dtype)
         start = {k: v.clone() for k, v in model.state_dict().items()}
         config = HARD_ACCUMULATED if run == "accumulated" else HARD_CONFIG
-        reference = single_process(model, *hard_case_data(dtype=dtype), config)
+        reference = one_process(model, *hard_case_data(dtype=dtype), config)
         assert max_parameter_difference(reference.parameters, start) > 1e-2  # trains
         results = hard_runs[(case.name, dtype, run)]
         assert_ranks_equal_one_process(

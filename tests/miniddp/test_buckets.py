@@ -13,7 +13,7 @@ import torch.distributed as dist
 from multigpu import miniddp
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.models import ConvNet
-from multigpu.core.units import MiB
+from multigpu.core.sizes import MiB
 from multigpu.ranks import miniddp as miniddp_ranks
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.hard_cases import hard_case_data, hard_case_model

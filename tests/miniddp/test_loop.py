@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from multigpu import miniddp
-from multigpu.allreduce_sgd import train_single_process as single_process
+from multigpu.allreduce_sgd import train_one_process as one_process
+from multigpu.core.batches import run_batches
 from multigpu.core.compare import max_parameter_difference
-from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig
 from multigpu.miniddp import global_batch_shares
 from multigpu.ranks import miniddp as miniddp_ranks
@@ -37,7 +37,7 @@ def problem(convnet_problem):
 
 @pytest.fixture
 def reference(problem):
-    return single_process(*problem, CONFIG)
+    return one_process(*problem, CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_every_wrapper_equals_one_process_on_the_hard_cases(
             continue
         config_name, _, strategies, _ = hard_runs_of(case, dtype)[index]
         config = HARD_CONFIGS[config_name]
-        reference = single_process(case.build(dtype, HARD_SEED), X, y, config)
+        reference = one_process(case.build(dtype, HARD_SEED), X, y, config)
         initial = case.build(dtype, HARD_SEED).state_dict()
         for strategy in strategies:
             where = f"{strategy}, {case.name}, run {index}, {config_name}"
@@ -205,7 +205,7 @@ def test_every_wrapper_equals_one_process_on_the_hard_cases(
             assert_kept(case, initial, ours.parameters, where)  # frozen, tied, ...
 
 
-def test_global_batch_shares_split_the_single_process_batches():
+def test_global_batch_shares_split_the_one_process_batches():
     config = TrainConfig(epochs=2, batch_size=3, seed=5)
     single, steps = global_batch_shares(41, config)
     assert steps == 13 and len(single) == 26

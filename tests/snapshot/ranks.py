@@ -1,5 +1,5 @@
 """Rank functions of the snapshot tests: what the loop says and refuses (11). The
-tests' other rank functions are in tests/ranks.py."""
+tests' other rank functions are in tests/ranks/__init__.py."""
 
 from __future__ import annotations
 

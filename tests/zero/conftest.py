@@ -19,5 +19,5 @@ def trained(request):
         model, X, y, CONFIG, world_size, timeout=TIMEOUT
     )
     ddp = spawn(zero_ranks.ddp_rank, world_size, model, X, y, CONFIG, timeout=TIMEOUT)
-    reference = zero.train_single_process_adam(model, X, y, CONFIG)
+    reference = zero.train_one_process_adam(model, X, y, CONFIG)
     return world_size, model, results, ddp, reference

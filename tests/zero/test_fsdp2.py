@@ -17,7 +17,7 @@ def fsdp2(request, tmp_path_factory):
     model, X, y = model_and_data()
     folder = tmp_path_factory.mktemp(f"fsdp2_world{world_size}")
     results = zero_ranks.train_fsdp2(model, X, y, CONFIG, world_size, folder, TIMEOUT)
-    reference = zero.train_single_process_adam(model, X, y, CONFIG)
+    reference = zero.train_one_process_adam(model, X, y, CONFIG)
     return world_size, model, results, reference, folder
 
 

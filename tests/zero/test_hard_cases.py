@@ -109,7 +109,7 @@ def test_every_stage_and_fsdp2_train_like_one_process_on_the_hard_cases(
         stage, name, _ = key
         case = BY_NAME[name]
         start = case.build(dtype, seed=0)
-        reference = zero.train_single_process_adam(start, X, y, CONFIG)
+        reference = zero.train_one_process_adam(start, X, y, CONFIG)
         moved = largest_difference(reference.parameters, start.state_dict())
         assert moved > 100 * TOLERANCE[dtype]  # training did move the weights
         assert len(histories) == world_size
@@ -171,7 +171,7 @@ def test_zero3_trains_the_tied_model_once_untied(hard_runs):
     dtype = torch.float64
     X, y = hard_case_data(dtype=dtype)
     start = untied_model(dtype)
-    reference = zero.train_single_process_adam(start, X, y, CONFIG)
+    reference = zero.train_one_process_adam(start, X, y, CONFIG)
     for history in results[("untied", "ZeRO-3", dtype)]:
         difference = largest_difference(history.parameters, reference.parameters)
         assert difference <= TOLERANCE[dtype], difference

@@ -97,7 +97,7 @@ def test_train_stage_takes_the_learners_batches_as_indices_or_pairs():
     model, X, y = model_and_data()
     X, y = X[:41], y[:41]
     global_batches, per_rank = learner_batches()
-    reference = zero.train_single_process_adam(model, X, y, CONFIG, global_batches)
+    reference = zero.train_one_process_adam(model, X, y, CONFIG, global_batches)
     pairs = [[(X[i], y[i]) for i in batches] for batches in per_rank]
     runs = [(stage, model, X, y, CONFIG, per_rank) for stage in ZERO_STAGES]
     runs += [(stage, model, None, None, CONFIG, pairs) for stage in ZERO_STAGES]
@@ -128,7 +128,7 @@ def test_ranks_with_different_numbers_of_batches_are_refused_not_left_waiting():
 def test_a_batch_that_is_neither_indices_nor_a_pair_is_refused():
     model, X, y = model_and_data()
     with pytest.raises(TypeError) as error:
-        zero.train_single_process_adam(model, X, y, CONFIG, batches=[[1, 2, 3]])
+        zero.train_one_process_adam(model, X, y, CONFIG, batches=[[1, 2, 3]])
     assert str(error.value) == (
         "Batch 0 is a list: each batch must be a tensor of sample indices into X and "
         "y, or an (inputs, labels) pair. Pass e.g. batches=[torch.arange(8), ...] or "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multigpu.core.units import GB
+from multigpu.core.sizes import GB
 
 
 @dataclass(frozen=True)

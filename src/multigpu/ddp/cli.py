@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.checks import check_number, check_positive_int
-from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import TrainConfig
 from multigpu.ddp.accumulation import LR_SCALINGS
 from multigpu.ddp.script_checks import TIMEOUT_RANGE_S, backend_problem, check_writable

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from multigpu.core.sharding import per_rank_batch_size
+from multigpu.core.batches import per_rank_batch_size
 
 
 def distributed_loader(

@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 from tqdm import tqdm
 
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.checks import check_positive_int
-from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import BAR_FORMAT, History, TrainConfig, cpu_state_dict
 from multigpu.ddp.accumulation import accumulate, scaled_lr
 from multigpu.ddp.checkpoints import resume, save_on_main

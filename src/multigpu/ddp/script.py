@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.devices import choose_backend
-from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig
 from multigpu.ddp.agreement import AGREE, WeightsDifferError, check_same_weights
 from multigpu.ddp.cli import build_model, speaks_for_the_run

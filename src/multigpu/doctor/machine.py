@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from multigpu.core.units import GiB
+from multigpu.core.sizes import GiB
 from multigpu.doctor.result import CheckResult, fail, ok, warn
 
 # Disk: checkpoints, Jupyter's files and pip's cache need little; below DISK_NEEDED

@@ -13,7 +13,7 @@ from multigpu.allreduce_sgd import (
     Step,
     compare_with_reference,
     train_loop,
-    train_single_process,
+    train_one_process,
 )
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
@@ -112,7 +112,7 @@ def check_step(
 
     Trains with ``step`` in this process (``distributed=False``), then on
     ``world_size`` ranks (``distributed=True``), and compares each run with
-    :func:`~multigpu.allreduce_sgd.train_single_process` on the same ``config``: the
+    :func:`~multigpu.allreduce_sgd.train_one_process` on the same ``config``: the
     final weights and the loss of every step must agree within ``tolerance``. By
     default that is 1e-9 for a float64 model, whose rounding differences stay near
     1e-15, and 1e-3 otherwise (float32 rounding grows to about 1e-4 over dozens of
@@ -123,7 +123,7 @@ def check_step(
     if tolerance is None:
         float64 = next(model.parameters()).dtype == torch.float64
         tolerance = 1e-9 if float64 else 1e-3
-    reference = train_single_process(model, X, y, config)
+    reference = train_one_process(model, X, y, config)
     try:
         alone = train_loop(model, X, y, config, step=step)
     except Exception as error:  # the learner's code: name it, never a traceback

@@ -13,7 +13,7 @@ from multigpu.exercises._result import ExerciseResult, fail, ok
 from multigpu.fsdp.models import TiedFrozenNet
 from multigpu.ranks.fsdp import unit_hooks_rank
 from multigpu.runtime.launch import DEFAULT_TIMEOUT_S, WorkerError, spawn
-from multigpu.zero import make_data, train_single_process_adam
+from multigpu.zero import make_data, train_one_process_adam
 
 # ------------------------------------------------------ the hooks of one unit
 HOOKS_CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.05)  # 41 samples: 6 steps
@@ -146,7 +146,7 @@ def check_unit_hooks(hooks: Any, timeout: float = DEFAULT_TIMEOUT_S) -> Exercise
     X, y = make_data(41, in_features=6, num_classes=3, dtype=torch.float64, seed=1)
     dtypes = tuple(HOOKS_BOUNDS)
     references = {  # rank 0's model, the one every rank starts from: one process
-        t: train_single_process_adam(_model(0, t), X.to(t), y, HOOKS_CONFIG)
+        t: train_one_process_adam(_model(0, t), X.to(t), y, HOOKS_CONFIG)
         for t in dtypes
     }
     order: list[dict[str, Any]] = []

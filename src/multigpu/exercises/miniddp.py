@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from multigpu.allreduce_sgd import train_single_process
+from multigpu.allreduce_sgd import train_one_process
 from multigpu.core.compare import max_parameter_difference
 from multigpu.core.train import TrainConfig
 from multigpu.exercises._result import ExerciseResult, fail, ok
@@ -68,7 +68,7 @@ def check_wrapper(
     failure = not_written(wrapper)
     if failure:
         return fail(failure)
-    reference = train_single_process(model, X, y, config)
+    reference = train_one_process(model, X, y, config)
     try:
         results = spawn(
             probe_rank, world_size, wrapper, model, X, y, config, timeout=SLOW_TIMEOUT_S

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from multigpu.core.batches import run_batches
 from multigpu.core.checks import check_positive_int
-from multigpu.core.sharding import run_batches
 from multigpu.core.train import TrainConfig, cpu_state_dict
 from multigpu.exercises._learner_code import importable_or_raise, last_line
 from multigpu.exercises._result import ExerciseResult, fail, ok
@@ -26,7 +26,7 @@ from multigpu.runtime.launch import (
     WorkerError,
     spawn,
 )
-from multigpu.zero import train_single_process_adam
+from multigpu.zero import train_one_process_adam
 
 Zero2Step = Callable[..., object]
 """The learner's ``step(model, flat, shard, optimizer, X, y)`` of 13's exercise 1:
@@ -177,7 +177,7 @@ def check_zero2_step(
     a deadlock."""
     check_positive_int("world_size", world_size)
     importable_or_raise(step, "step")
-    reference = train_single_process_adam(model, X, y, config)
+    reference = train_one_process_adam(model, X, y, config)
     steps = len(reference.step_loss)
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
     try:
@@ -280,7 +280,7 @@ def check_fsdp2_rank(
     back, equal, into ``fresh``? (passed, what to fix) (13)."""
     check_positive_int("world_size", world_size)
     importable_or_raise(rank_function, "rank function")
-    reference = train_single_process_adam(model, X, y, config)
+    reference = train_one_process_adam(model, X, y, config)
     fresh = copy.deepcopy(model)
     with torch.no_grad():  # weights unlike the trained ones: a load must show
         for parameter in fresh.parameters():

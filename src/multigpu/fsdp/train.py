@@ -1,7 +1,7 @@
 """Training with FSDP by hand on a rank, and the one-process references (14).
 
 :func:`train_fsdp` follows 13's :func:`~multigpu.zero.train_stage`: notebook 08's
-batches (:func:`~multigpu.core.sharding.run_batches`), Adam with PyTorch's
+batches (:func:`~multigpu.core.batches.run_batches`), Adam with PyTorch's
 defaults, every rank starting from rank 0's weights. Adam runs on the shards only
 (the master weights, float32 or float64); the loss is computed in the master dtype
 from the model's output, whatever the compute dtype.
@@ -18,12 +18,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from multigpu.core.sharding import epoch_means, run_batches
+from multigpu.core.batches import epoch_means, run_batches
 from multigpu.core.train import TrainConfig
 from multigpu.fsdp.checkpointing import SavedActivations
 from multigpu.fsdp.hooks import HookedFSDP, MistakeFound, full_parameters
 from multigpu.fsdp.sharded import FSDPByHand
-from multigpu.miniddp import TimelineEvent, broadcast_from_rank0
+from multigpu.miniddp import TimelineEvent, copy_from_rank0
 from multigpu.zero import (
     ShardedHistory,
     check_same_step_counts,
@@ -61,8 +61,7 @@ def train_fsdp(
     world_size, rank = dist.get_world_size(), dist.get_rank()
     steps, steps_per_epoch = run_batches(len(X), config, world_size, rank)
     check_same_step_counts(len(steps))
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     fsdp = FSDPByHand(model, **options)
     optimizer = torch.optim.Adam(fsdp.shards, lr=config.lr)
     history = FSDPHistory(rank=rank, world_size=world_size)
@@ -104,8 +103,7 @@ def train_unit_hooks(
     world_size, rank = dist.get_world_size(), dist.get_rank()
     steps, _ = run_batches(len(X), config, world_size, rank)
     check_same_step_counts(len(steps))
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     wrapper = HookedFSDP(model, hooks)
     optimizer = torch.optim.Adam(wrapper.shards, lr=config.lr)
     report: dict = {"mistake": None, "parameters": None}
@@ -142,8 +140,7 @@ def train_fsdp2_mixed(
     check_same_step_counts(len(steps))
     mesh = init_device_mesh("cpu", (world_size,))  # CPU ranks on gloo
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     shard_linears_and_root(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     master = next(model.parameters()).dtype
@@ -169,7 +166,7 @@ def train_ranks_arithmetic_adam(
     world_size: int,
 ) -> dict[str, torch.Tensor]:
     """NOT the one-process reference (that is the plain model on the global batch,
-    :func:`~multigpu.zero.train_single_process_adam`): one process doing the ranks'
+    :func:`~multigpu.zero.train_one_process_adam`): one process doing the ranks'
     arithmetic, each rank's mean gradient on its own batch, added in rank order and
     divided by ``world_size``, then Adam. It shows where a sharded run's float32
     difference from the reference comes from: the order of the additions (14)."""

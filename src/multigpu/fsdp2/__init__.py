@@ -32,7 +32,6 @@ from multigpu.fsdp2.counting import (
 from multigpu.fsdp2.loop import (
     MicroBatch,
     StepsResult,
-    full_weights,
     make_optimizer,
     rank_part,
     train_one_process,
@@ -49,13 +48,14 @@ from multigpu.fsdp2.sharding import (
     build_on_meta,
     cpu_mesh,
     full_state_dict,
-    layers_to_shard,
     load_full_state_dict,
     set_prefetch,
     shard_layers,
 )
+from multigpu.zero import full_parameters, layers_to_shard  # 13's, used in 14b too
 
 __all__ = [
+    "full_parameters",
     "CollectiveLog",
     "MicroBatch",
     "SavedInsideBlocks",
@@ -65,7 +65,6 @@ __all__ = [
     "cpu_mesh",
     "fsdp_params",
     "full_state_dict",
-    "full_weights",
     "layers_to_shard",
     "load_full_state_dict",
     "local_parameter_bytes",

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from multigpu.zero import full_parameters
+
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -33,15 +35,6 @@ class StepsResult:
     norms: list[float] = field(default_factory=list)
     norm_types: list[str] = field(default_factory=list)  # what clip_grad_norm_ gave
     parameters: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter by name, whole: DTensors all-gathered (a collective), plain
-    tensors copied (14b)."""
-    return {
-        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-        for name, p in model.named_parameters()
-    }
 
 
 def rank_part(batch: MicroBatch, rank: int, world_size: int) -> MicroBatch:
@@ -83,7 +76,7 @@ def train_steps(
             result.norms.append(norm.item())
         optimizer.step()
         optimizer.zero_grad()
-    result.parameters = full_weights(model)
+    result.parameters = full_parameters(model)
     return result
 
 

@@ -14,8 +14,6 @@ correct on CUDA-like meshes only).
 
 from __future__ import annotations
 
-import copy
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu.miniddp import broadcast_from_rank0
+from multigpu.miniddp import copy_from_rank0
 from multigpu.zero import shard_linears_and_root
 
 
@@ -36,20 +34,6 @@ def cpu_mesh(shape: Sequence[int] | None = None, names: Sequence[str] | None = N
     return init_device_mesh(
         "cpu", shape, mesh_dim_names=tuple(names) if names else None
     )
-
-
-def layers_to_shard(model: nn.Module) -> list[nn.Module]:
-    """The Linear layers that become units of their own, in ``modules()`` order: a
-    Linear whose weight is tied to another layer's stays in the root's unit
-    (FSDP2 refuses a tied weight split between two units) (14b)."""
-    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    return [
-        layer
-        for layer in model.modules()
-        if isinstance(layer, nn.Linear)
-        and layer is not model
-        and not any(uses[id(p)] > 1 for p in layer.parameters())
-    ]
 
 
 def shard_layers(
@@ -65,8 +49,7 @@ def shard_layers(
     weights and buffers unless ``copy_first`` is False (14b)."""
     mesh = mesh if mesh is not None else cpu_mesh()
     if copy_first:
-        model = copy.deepcopy(model)
-        broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+        model = copy_from_rank0(model)
     return shard_linears_and_root(model, mesh=mesh, **knobs)
 
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from multigpu.core.checks import check_choice, check_number, check_positive_int
-from multigpu.core.units import MiB
+from multigpu.core.sizes import MiB
 from multigpu.horovod_api._state import _require_init
 from multigpu.horovod_api.errors import BackwardPassesError
 from multigpu.horovod_api.ops import OPS, Average

@@ -41,6 +41,7 @@ from multigpu.miniddp.wrappers import (
     UnusedParameterError,
     broadcast_from_rank0,
     check_one_dtype,
+    copy_from_rank0,
     used_parameters,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "broadcast_from_rank0",
     "bucket_layout",
     "check_one_dtype",
+    "copy_from_rank0",
     "global_batch_shares",
     "hidden_fraction",
     "make_ddp",

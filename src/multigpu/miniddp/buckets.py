@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from multigpu.core.checks import check_number
-from multigpu.core.units import MiB
+from multigpu.core.sizes import MiB
 from multigpu.miniddp.wrappers import MiniDDP, check_one_dtype
 
 

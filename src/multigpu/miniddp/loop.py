@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from multigpu.core.batches import epoch_means
 from multigpu.core.data import epoch_order
-from multigpu.core.sharding import epoch_means
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.miniddp.ladder import make_ddp
 
@@ -23,7 +23,7 @@ def global_batch_shares(
 
     Global batch k of an epoch is ``order[k*G : (k+1)*G]`` (the single process's),
     and rank r takes every R-th sample of it from the r-th on: the indices of
-    :func:`~multigpu.core.sharding.run_batches` where R divides G; otherwise shares
+    :func:`~multigpu.core.batches.run_batches` where R divides G; otherwise shares
     that differ by one sample, and empty ones when G < R. The last ``N % G``
     samples of each epoch are not used, as in one process."""
     steps_per_epoch = num_samples // config.batch_size

@@ -25,6 +25,7 @@ The third step, :class:`~multigpu.miniddp.buckets.BucketedDDP`, is in ``buckets.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,15 @@ def broadcast_from_rank0(tensors: Iterator[torch.Tensor]) -> None:
     """Overwrite every tensor with rank 0's values, in place (10)."""
     for tensor in tensors:
         dist.broadcast(tensor.data, src=0)
+
+
+def copy_from_rank0(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers hold rank 0's values on
+    every rank, as DDP's constructor makes them; ``model`` is left as it was. Where
+    the wrappers by hand start (10; 13, 14, 14b)."""
+    model = copy.deepcopy(model)
+    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    return model
 
 
 def used_parameters(outputs: Any) -> set[int]:

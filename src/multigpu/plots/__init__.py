@@ -20,13 +20,13 @@ from multigpu.plots.fsdp import plot_prefetch, plot_unit_life
 from multigpu.plots.fsdp2 import plot_hsdp_mesh
 from multigpu.plots.pipeline import plot_bubble, plot_schedules
 from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
-from multigpu.plots.sharding import LEDGER_COLOURS, plot_zero_ledgers
 from multigpu.plots.tensor_parallel import (
     plot_2d_mesh,
     plot_column_row_cut,
     plot_sequence_parallel,
 )
 from multigpu.plots.training import plot_history
+from multigpu.plots.zero import LEDGER_COLOURS, plot_zero_ledgers
 
 __all__ = [
     "LEDGER_COLOURS",

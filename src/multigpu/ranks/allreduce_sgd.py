@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from multigpu.allreduce_sgd import Step, sgd_step, train_loop
-from multigpu.core.sharding import per_rank_batch_size
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig
 from multigpu.runtime.launch import (
     DEFAULT_DEADLINE_S,

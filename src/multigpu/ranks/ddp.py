@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu.core.sharding import per_rank_batch_size
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig
 from multigpu.ddp import (
     accumulate,

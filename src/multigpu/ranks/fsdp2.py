@@ -28,8 +28,8 @@ from multigpu.fsdp2 import (
     MicroBatch,
     build_on_meta,
     cpu_mesh,
+    full_parameters,
     full_state_dict,
-    full_weights,
     layers_to_shard,
     load_full_state_dict,
     local_parameter_bytes,
@@ -218,12 +218,12 @@ def meta_init_rank(
         model = build_on_meta(build)
     torch.manual_seed(seed)
     reference = build()  # what one process builds
-    reset = full_weights(model)
+    reset = full_parameters(model)
     name, first = next(iter(model.named_parameters()))
     rows = reset[name].chunk(world_size)  # rank r's rows, as FSDP2 cuts them
     wanted = reference.state_dict() if rank == 0 else {}
     load_full_state_dict(model, wanted)
-    loaded = full_weights(model)
+    loaded = full_parameters(model)
     same = {n: torch.equal(reset[n], p) for n, p in reference.named_parameters()}
     return {
         "meta bytes": local_parameter_bytes(empty),

@@ -17,7 +17,7 @@ from multigpu.fsdp2 import (
     CollectiveLog,
     MicroBatch,
     cpu_mesh,
-    full_weights,
+    full_parameters,
     layers_to_shard,
     make_optimizer,
     parameter_bytes_held,
@@ -48,7 +48,7 @@ def accumulation_check_rank(
             mine = [rank_part(micro, rank, world_size) for micro in step]
             step_function(sharded, optimizer, mine)
     return {
-        "parameters": full_weights(sharded),
+        "parameters": full_parameters(sharded),
         "reduce-scatters": log.count("reduce-scatter"),
         "optimizer steps": len(taken),
         "units": len(layers_to_shard(sharded)),
@@ -162,7 +162,7 @@ def budget_check_rank(
         {str(p.dtype).replace("torch.", "") for p in wrapped.parameters()}
     )
     report["frozen"] = sum(not p.requires_grad for p in wrapped.parameters())
-    before = _plain_names(full_weights(wrapped))
+    before = _plain_names(full_parameters(wrapped))
     report["changed by wrap"] = sorted(before) != sorted(initial) or any(
         not torch.equal(before[name].float(), initial[name]) for name in before
     )
@@ -173,7 +173,7 @@ def budget_check_rank(
     report["gather dtypes"] = sorted(
         {c["dtype"] for c in log.calls if c["kind"] == "all-gather"}
     )
-    after = _plain_names(full_weights(wrapped))
+    after = _plain_names(full_parameters(wrapped))
     report["parameters"] = {name: p.float() for name, p in after.items()}
     return report
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu.core.sharding import epoch_means, per_rank_batch_size, run_batches
+from multigpu.core.batches import epoch_means, per_rank_batch_size, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.horovod_api import (
     DistributedOptimizer,
@@ -49,7 +49,7 @@ def train_horovod_style_rank(
     different_start: bool = True,
 ) -> History:
     """Notebook 08's training run written as a Horovod script: the same batches
-    (:func:`~multigpu.core.sharding.batch_indices`), so the same weights as one
+    (:func:`~multigpu.core.batches.batch_indices`), so the same weights as one
     process on the global batch. With ``different_start`` ranks other than 0 first
     add noise to their weights, as if each had its own seed, so that
     ``hvd.broadcast_parameters`` has work to do. With ``backward_passes_per_step=k``

@@ -21,11 +21,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from multigpu.collectives import all_gather, reduce_scatter
+from multigpu.core.batches import epoch_means, run_batches
 from multigpu.core.checks import check_choice, check_positive_int
-from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
-from multigpu.miniddp import broadcast_from_rank0
+from multigpu.miniddp import copy_from_rank0
 from multigpu.runtime.launch import SLOW_TIMEOUT_S, spawn
 from multigpu.zero import (
     Batch,
@@ -334,8 +334,7 @@ def zero2_exercise_rank(
 
         return call
 
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     flat = flatten_parameters(model)  # (P,): every parameter a view of it
     owned = chunk_range(flat.numel(), world_size, rank)
     shard = nn.Parameter(flat[owned.start : owned.stop])  # a view: my chunk

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from multigpu.core.batches import per_rank_batch_size
 from multigpu.core.checks import check_number, check_positive_int
-from multigpu.core.sharding import per_rank_batch_size
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.ddp import wrap
 from multigpu.ddp.loop import Interrupted, end_epoch

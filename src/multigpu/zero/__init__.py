@@ -41,6 +41,7 @@ from multigpu.zero.fsdp2 import (
     describe_shards,
     full_parameters,
     fully_shard_model,
+    layers_to_shard,
     load_sharded_checkpoint,
     shard_linears_and_root,
 )
@@ -51,7 +52,7 @@ from multigpu.zero.loop import (
     check_same_step_counts,
     make_data,
     make_mlp,
-    train_single_process_adam,
+    train_one_process_adam,
     train_stage,
 )
 from multigpu.zero.zero3 import (
@@ -79,6 +80,7 @@ __all__ = [
     "flatten_parameters",
     "full_parameters",
     "fully_shard_model",
+    "layers_to_shard",
     "shard_linears_and_root",
     "gathered_state_dict",
     "layer_numels",
@@ -90,7 +92,7 @@ __all__ = [
     "shard_model",
     "shard_of",
     "storage_bytes",
-    "train_single_process_adam",
+    "train_one_process_adam",
     "train_stage",
     "trainable_parameters",
     "zero1_step",

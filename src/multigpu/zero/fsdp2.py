@@ -12,7 +12,6 @@ https://github.com/pytorch/pytorch/tree/main/torch/distributed/checkpoint.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from multigpu.miniddp import broadcast_from_rank0
+from multigpu.miniddp import copy_from_rank0
 
 
 def describe_shards(model: nn.Module) -> list[dict[str, Any]]:
@@ -51,10 +50,11 @@ def describe_shards(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """An FSDP2 model's full weights by name, all-gathered on every rank (a
-    collective) (13)."""
+    """An FSDP2 model's full weights by name on every rank: DTensors all-gathered (a
+    collective), plain tensors copied (13, 14b)."""
     return {
-        name: p.full_tensor().detach().clone() for name, p in model.named_parameters()
+        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for name, p in model.named_parameters()
     }
 
 
@@ -68,21 +68,31 @@ def fully_shard_model(model: nn.Module) -> nn.Module:
     # An explicit CPU mesh: without it, a machine with GPUs would move the model to
     # CUDA even though the process group is gloo.
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     return shard_linears_and_root(model, mesh=mesh)
 
 
+def layers_to_shard(model: nn.Module) -> list[nn.Module]:
+    """The Linear layers that become units of their own, in ``modules()`` order: a
+    Linear whose weight is tied to another layer's stays in the root's unit
+    (FSDP2 refuses a tied weight split between two units) (13, 14b)."""
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    return [
+        layer
+        for layer in model.modules()
+        if isinstance(layer, nn.Linear)
+        and layer is not model
+        and not any(uses[id(p)] > 1 for p in layer.parameters())
+    ]
+
+
 def shard_linears_and_root(model: nn.Module, **fully_shard_kwargs) -> nn.Module:
-    """``fully_shard(layer, **fully_shard_kwargs)`` on every Linear of ``model``
-    that holds no tied weight, then on ``model`` itself; returns ``model`` (13, 14)."""
+    """``fully_shard(layer, **fully_shard_kwargs)`` on every layer of
+    :func:`layers_to_shard`, then on ``model`` itself; returns ``model`` (13, 14)."""
     from torch.distributed.fsdp import fully_shard
 
-    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    for layer in model.modules():
-        tied = any(uses[id(p)] > 1 for p in layer.parameters())
-        if isinstance(layer, nn.Linear) and layer is not model and not tied:
-            fully_shard(layer, **fully_shard_kwargs)  # one all-gather unit per layer
+    for layer in layers_to_shard(model):
+        fully_shard(layer, **fully_shard_kwargs)  # one all-gather unit per layer
     fully_shard(model, **fully_shard_kwargs)
     return model
 

@@ -3,7 +3,7 @@
 Training reads the series' :class:`~multigpu.core.train.TrainConfig` (``epochs``,
 ``batch_size`` (the global batch), ``lr``, ``seed``; ``momentum``, ``allreduce``
 and ``reduction`` are not used) and follows notebook 08's batches
-(:func:`~multigpu.core.sharding.run_batches`). The optimizer is
+(:func:`~multigpu.core.batches.run_batches`). The optimizer is
 ``torch.optim.Adam(parameters, lr=config.lr)``: Adam's other hyper-parameters are
 PyTorch's defaults, betas (0.9, 0.999), eps 1e-8, no weight decay. Every run
 returns a :class:`~multigpu.core.train.History`; a rank of a sharded run returns a
@@ -27,11 +27,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from multigpu.core.batches import epoch_means, run_batches
 from multigpu.core.checks import check_choice, check_positive_int
-from multigpu.core.sharding import epoch_means, run_batches
 from multigpu.core.train import History, TrainConfig, cpu_state_dict
 from multigpu.costmodel import ZERO_STAGES
-from multigpu.miniddp import broadcast_from_rank0
+from multigpu.miniddp import copy_from_rank0
 from multigpu.zero.flat import (
     STEPS,
     ShardedStep,
@@ -108,7 +108,7 @@ def _step_batches(
     rank: int = 0,
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """(inputs, labels) per step, and the steps per epoch: ``batches`` as given, or
-    notebook 08's (:func:`~multigpu.core.sharding.run_batches`)."""
+    notebook 08's (:func:`~multigpu.core.batches.run_batches`)."""
     if batches is None:
         indices, steps_per_epoch = run_batches(len(X), config, world_size, rank)
         return [(X[i], y[i]) for i in indices], steps_per_epoch
@@ -127,7 +127,7 @@ def _step_batches(
     return pairs, max(len(pairs), 1)
 
 
-def train_single_process_adam(
+def train_one_process_adam(
     model: nn.Module,
     X: torch.Tensor | None,
     y: torch.Tensor | None,
@@ -196,8 +196,7 @@ def train_stage(
         check_shardable(model)  # refused on every rank, before anything is sent
     steps, steps_per_epoch = _step_batches(X, y, config, batches, world_size, rank)
     check_same_step_counts(len(steps))
-    model = copy.deepcopy(model)
-    broadcast_from_rank0(t for t in (*model.parameters(), *model.buffers()))
+    model = copy_from_rank0(model)
     history = ShardedHistory(rank=rank, world_size=world_size)
     if stage == "ZeRO-3":
         meter = Meter()

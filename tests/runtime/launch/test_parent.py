@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from multigpu.core.units import GiB, MiB
+from multigpu.core.sizes import GiB, MiB
 from multigpu.ranks import collectives as collective_ranks
 from multigpu.runtime import launch
 from multigpu.runtime.launch import (

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from multigpu.core.units import MiB
+from multigpu.core.sizes import MiB
 from multigpu.runtime.launch import _process_tree
 from multigpu.runtime.launch._checks import (
     check_arguments,

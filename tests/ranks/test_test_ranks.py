@@ -1,4 +1,4 @@
-"""Tests for tests/ranks.py: the rank functions and training steps only the tests
+"""Tests for tests/ranks/__init__.py: the rank functions and training steps only the tests
 use misbehave where they should, and only there."""
 
 import pickle

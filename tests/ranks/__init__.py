@@ -1,5 +1,6 @@
 """Rank functions only the tests use: ranks that fail, hang, are killed, or take a
-wrong training step (the mistakes the exercise checkers must catch)."""
+wrong training step (the mistakes the exercise checkers must catch). The test files
+beside this one test src/multigpu/ranks/ and these functions."""
 
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ IN_FEATURES = 6
 CLASSES = 3
 NUM_SAMPLES = 41  # prime: no global batch of 2-4 ranks divides it
 DTYPES = (torch.float32, torch.float64)
+# World sizes for the wrappers that keep every weight whole on every rank (08's
+# all-reduce SGD, Horovod's API, DDP by hand): a parameter count cannot be
+# indivisible for them, 41 samples share unevenly on 2 ranks, and 4 ranks get an
+# empty share of a global batch of 3. The sharding wrappers take 2, 3 and 4.
+REPLICATED_WORLD_SIZES = (2, 4)
 
 TIED = "tied"
 FROZEN = "frozen"

@@ -30,6 +30,7 @@ from multigpu.ranks.allreduce_sgd import (
 from multigpu.runtime.launch import WorkerError, in_one_launch, spawn
 from tests.hard_cases import (
     DTYPES,
+    REPLICATED_WORLD_SIZES,
     assert_ranks_equal_one_process,
     cases_for,
     hard_case_data,
@@ -259,7 +260,7 @@ def test_comparing_empty_state_dicts_is_a_clear_error():
 # ----------------------------------------------------------------------------------
 # The hard cases (tests/hard_cases.py, every case the registry says allreduce_sgd
 # trains like one process): 41 samples (3 global batches of 12 per epoch, 5 left
-# over), float32 and float64, on 2, 3 and 4 ranks, with every all-reduce.
+# over), float32 and float64, on 2 and 4 ranks, with every all-reduce.
 
 HARD_CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.2, momentum=0.5, seed=3)
 HARD_RUNS = {m: replace(HARD_CONFIG, allreduce=m) for m in ALLREDUCE_METHODS}
@@ -270,9 +271,11 @@ HARD_CASES = cases_for("allreduce_sgd")
 TOLERANCE = {torch.float64: 1e-14, torch.float32: 1e-6}
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
+@pytest.fixture(
+    scope="module", params=REPLICATED_WORLD_SIZES, ids=lambda n: f"world{n}"
+)
 def hard_runs(request):
-    """Every case x dtype with every run of HARD_RUNS, in one launch of 2, 3 or 4
+    """Every case x dtype with every run of HARD_RUNS, in one launch of 2 or 4
     ranks: {(case name, dtype): {run name: Histories by rank}}."""
     cases = [(case, dtype) for case in HARD_CASES for dtype in DTYPES]
     calls = [

@@ -1,4 +1,4 @@
-"""Rank functions of the tests of multigpu.ddp that tests/ranks/__init__.py does not hold."""
+"""Rank functions of the tests of multigpu.ddp that tests/ranks/ does not hold."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from multigpu.ranks.horovod_api import train_horovod_style_rank as train
 from multigpu.runtime.launch import in_one_launch, spawn
 from tests.hard_cases import (
     DTYPES,
+    REPLICATED_WORLD_SIZES,
     assert_ranks_equal_one_process,
     cases_for,
     hard_case_data,
@@ -148,7 +149,7 @@ def test_bad_arguments_say_how_to_fix_them(one_rank):
 
 
 # The hard cases (tests/hard_cases.py, every case the registry says horovod_api
-# trains like one process), 41 samples, float32 and float64, on 2, 3 and 4 ranks;
+# trains like one process), 41 samples, float32 and float64, on 2 and 4 ranks;
 # ranks that start from noise added to their weights, or that build the model from
 # seed + rank: broadcast_parameters gives them rank 0's. The fusion buffers are
 # laid out in advance, so a parameter that only some ranks use (issue 19) is sent
@@ -181,7 +182,9 @@ def runs_of(case):
     return [r for r in HARD_RUNS if r != "accumulated" or case.one_forward_per_step]
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
+@pytest.fixture(
+    scope="module", params=REPLICATED_WORLD_SIZES, ids=lambda n: f"world{n}"
+)
 def hard_runs(request):
     """{(case name, dtype, run): Histories by rank}, every case in one launch,
     bounded (a collective that mismatches fails, never hangs)."""

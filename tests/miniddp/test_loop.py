@@ -20,7 +20,13 @@ from multigpu.core.train import TrainConfig
 from multigpu.miniddp import global_batch_shares
 from multigpu.ranks import miniddp as miniddp_ranks
 from multigpu.runtime.launch import in_one_launch, spawn
-from tests.hard_cases import DTYPES, assert_kept, cases_for, hard_case_data
+from tests.hard_cases import (
+    DTYPES,
+    REPLICATED_WORLD_SIZES,
+    assert_kept,
+    cases_for,
+    hard_case_data,
+)
 from tests.ranks import miniddp_from_own_seed_rank
 
 NUM_SAMPLES = 48  # 3 global batches of 16 per epoch, divisible by 1, 2 and 4 ranks
@@ -100,7 +106,8 @@ def test_fp16_compression_hook_is_close_but_not_equal(problem):
 
 # ----------------------------------------------------------------------------------
 # The hard cases (tests/hard_cases.py: those the registry says miniddp trains like
-# one process), 41 samples, global batches no world size divides (uneven shares; an
+# one process), 41 samples on 2 and 4 ranks (REPLICATED_WORLD_SIZES), global batches
+# no world size divides (uneven shares; an
 # empty one for 3 samples on 4 ranks), float32 and float64, every rank building its
 # model from its own seed. Each case runs every strategy on batches of 5, and on
 # batches of 3 in two micro-batches (no_sync), or in one where the forward counts
@@ -155,7 +162,7 @@ def hard_runs():
     launch per world size."""
     runs = {}
     calls = hard_case_calls()
-    for world_size in (2, 3, 4):
+    for world_size in REPLICATED_WORLD_SIZES:
         per_rank = spawn(
             in_one_launch, world_size, [call for _, call in calls], timeout=120.0
         )
@@ -166,7 +173,9 @@ def hard_runs():
     return runs
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4], ids=lambda n: f"world{n}")
+@pytest.mark.parametrize(
+    "world_size", REPLICATED_WORLD_SIZES, ids=lambda n: f"world{n}"
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_wrapper_equals_one_process_on_the_hard_cases(
     hard_runs, world_size, dtype

@@ -1,5 +1,5 @@
-"""Tests for tests/ranks/__init__.py: the rank functions and training steps only the tests
-use misbehave where they should, and only there."""
+"""Tests for tests/ranks/__init__.py: the rank functions and training steps only the
+tests use misbehave where they should, and only there."""
 
 import pickle
 

@@ -337,12 +337,12 @@ def step_times_rank(
     model: nn.Module | None = None,
     input_shape: tuple[int, ...] = (1, 8, 8),
 ) -> dict[str, float]:
-    """Median seconds of one training step of ``model`` (ConvNet by default) on this
-    rank, with DDP's gradient all-reduce and without it (inside ``no_sync``), taking
-    turns; the slowest rank's time per step counts; and the number of buckets DDP
-    all-reduced, from its logging data (bench/ddp_steps.py, 09, 12)."""
-    import statistics
-
+    """Seconds of the fastest training step of ``model`` (ConvNet by default) on
+    this rank, with DDP's gradient all-reduce and without it (inside ``no_sync``),
+    taking turns; the slowest rank's time per step counts; and the number of buckets
+    DDP all-reduced, from its logging data (bench/ddp_steps.py, 12). The fastest
+    step is the one the rest of the machine disturbed least; a median moves with
+    whatever else the cores run."""
     from multigpu.core.models import ConvNet
 
     torch.manual_seed(0)
@@ -364,7 +364,7 @@ def step_times_rank(
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if step:  # step 0 warms up (and DDP rebuilds its buckets)
                 seconds[name].append(elapsed.item())
-    times = {name: statistics.median(values) for name, values in seconds.items()}
+    times = {name: min(values) for name, values in seconds.items()}
     sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
     times["buckets"] = float(len([size for size in sizes.split(",") if size.strip()]))
     return times

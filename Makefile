@@ -15,17 +15,25 @@ LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
-# ends: all five by default, so that 2 cores stay busy until the end (each part
-# alone leaves a core idle while its ranks start or wait). STREAMS=1 runs them one
-# after the other.
-STREAMS ?= 5
-# The tests that mostly wait on processes (torchrun from a shell, restarts, kills,
-# timeouts, the doctor): `make test` runs them beside the rest of pytest.
-WAITING_TESTS := tests/faults tests/runtime tests/ddp tests/doctor tests/snapshot
+# ends: all of them by default, so that the 2 cores stay busy until the end (one
+# part alone leaves a core idle while its ranks start or wait, and the last part to
+# end ran alone for minutes when there were five). STREAMS=1 runs them one after
+# the other.
+STREAMS ?= 8
+# pytest in four parts: the tests that mostly wait on processes (torchrun from a
+# shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers and
+# the sharding wrappers, and the rest.
+WAITING_TESTS := tests/faults tests/ddp tests/snapshot
+WAITING_TESTS_2 := tests/runtime tests/doctor
+SHARDING_TESTS := tests/exercises tests/zero tests/fsdp tests/fsdp2
+PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-sharding pytest-rest
+# The lessons with their re-run in two parts: 00-10, and 11 on.
+LESSONS_LATE := $(sort $(wildcard notebooks/1[1-9]*.ipynb))
+LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
+NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default
 
-.PHONY: setup lab doctor test test-slow test-browser lint pytest pytest-waiting \
-	pytest-rest nbval nbval-native nbval-lessons nbval-solutions \
-	nbval-default run notebooks bench clean
+.PHONY: setup lab doctor test test-slow test-browser lint pytest $(PYTEST_PARTS) \
+	nbval nbval-native $(NBVAL_PARTS) run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
 # "notified about official Jupyter news?" prompt over a workshop's first notebook.
@@ -58,9 +66,9 @@ doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
 test: lint
-	@echo "pytest and nbval-native (each in two parts) and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest and nbval-native (each in four parts) and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		pytest-waiting pytest-rest nbval-lessons nbval-solutions nbval-default
+		$(PYTEST_PARTS) $(NBVAL_PARTS)
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -71,12 +79,19 @@ lint: $(STAMP)
 pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(THREADS) $(BIN)/pytest tests/
 
-# pytest as `make test` runs it, in two parts that together are every test.
+# pytest as `make test` runs it, in four parts that together are every test.
 pytest-waiting: $(STAMP) $(LAB_OVERRIDES)
 	$(THREADS) $(BIN)/pytest $(WAITING_TESTS)
 
+pytest-waiting-2: $(STAMP) $(LAB_OVERRIDES)
+	$(THREADS) $(BIN)/pytest $(WAITING_TESTS_2)
+
+pytest-sharding: $(STAMP) $(LAB_OVERRIDES)
+	$(THREADS) $(BIN)/pytest $(SHARDING_TESTS)
+
 pytest-rest: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest tests/ $(addprefix --ignore=,$(WAITING_TESTS))
+	$(THREADS) $(BIN)/pytest tests/ \
+		$(addprefix --ignore=,$(WAITING_TESTS) $(WAITING_TESTS_2) $(SHARDING_TESTS))
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)
@@ -103,10 +118,15 @@ nbval-native: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(NOTEBOOKS)
 
-# nbval-native as `make test` runs it, in two parts that together are every notebook.
+# nbval-native as `make test` runs it, in three parts that together are every
+# notebook.
 nbval-lessons: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
-		--nbval-rerun $(NBVAL) $(LESSONS)
+		--nbval-rerun $(NBVAL) $(LESSONS_EARLY)
+
+nbval-lessons-late: $(STAMP)
+	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+		--nbval-rerun $(NBVAL) $(LESSONS_LATE)
 
 nbval-solutions: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \

@@ -103,6 +103,12 @@ LESSONS = (
         ("tensor_parallel", "tensor_parallel_plan"),
     ),
     Lesson("16_pipeline_parallel", ("pipeline/",), ("pipeline",), ("pipeline",)),
+    Lesson(
+        "17_context_parallel",
+        ("context_parallel/",),
+        ("context_parallel",),
+        ("context_parallel",),
+    ),
 )
 
 # What src/multigpu/ holds besides the lessons' code, and why it is no lesson's.

@@ -59,6 +59,12 @@ ANSWERS = {
         "parallelize_2d",
     ],
     "16_pipeline_parallel": ["one_f_one_b_actions"],
+    "17_context_parallel": [
+        "merge_partials",
+        "layout_chunks",
+        "layout_positions",
+        "causal_block_kind",
+    ],
 }
 GETSOURCE = re.compile(r"getsource\(\s*([\w.]+)")
 

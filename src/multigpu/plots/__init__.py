@@ -2,13 +2,15 @@
 and timelines (03, 06), the ring all-reduce step by step (07), DDP's overlap and
 buckets (10), the scaling model (12), what each rank of a ZeRO stage holds and
 DTensor's placements (13), a unit's life and the prefetch (14), HSDP's mesh (14b),
-tensor and sequence parallel's cuts and a 2-D mesh (15), pipeline schedules (16).
+tensor and sequence parallel's cuts and a 2-D mesh (15), pipeline schedules (16),
+ring attention's steps and the zig-zag layout (17).
 
 Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
 One file per lesson family; ``from multigpu.plots import plot_x`` gives them all.
 """
 
 from multigpu.plots.collectives import plot_ring, ring_states
+from multigpu.plots.context_parallel import plot_layouts, plot_ring_steps
 from multigpu.plots.dataparallel import (
     plot_dataparallel_flow,
     plot_memory,
@@ -37,6 +39,7 @@ __all__ = [
     "plot_column_row_cut",
     "plot_dataparallel_flow",
     "plot_history",
+    "plot_layouts",
     "plot_hsdp_mesh",
     "plot_memory",
     "plot_mesh",
@@ -44,6 +47,7 @@ __all__ = [
     "plot_placements",
     "plot_prefetch",
     "plot_ring",
+    "plot_ring_steps",
     "plot_schedules",
     "plot_sequence_parallel",
     "plot_speedups",

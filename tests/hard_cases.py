@@ -87,6 +87,10 @@ WRAPPERS = {
         "tests/tensor_parallel/test_hard_cases.py",
     ),
     "pipeline": ("16: GPipe and 1F1B by hand", "tests/pipeline/test_step.py"),
+    "expert_parallel": (
+        "18: EP x DP by hand",
+        "tests/expert_parallel/test_hard_cases.py",
+    ),
     "syncbn": ("09b: convert_sync_batchnorm", "tests/test_syncbn.py"),
 }
 

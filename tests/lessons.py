@@ -109,6 +109,12 @@ LESSONS = (
         ("context_parallel",),
         ("context_parallel",),
     ),
+    Lesson(
+        "18_expert_parallel",
+        ("expert_parallel/",),
+        ("expert_parallel",),
+        ("expert_parallel",),
+    ),
 )
 
 # What src/multigpu/ holds besides the lessons' code, and why it is no lesson's.

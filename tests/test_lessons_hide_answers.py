@@ -59,6 +59,7 @@ ANSWERS = {
         "parallelize_2d",
     ],
     "16_pipeline_parallel": ["one_f_one_b_actions"],
+    "18_expert_parallel": ["dispatch", "combine"],
     "17_context_parallel": [
         "merge_partials",
         "layout_chunks",

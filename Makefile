@@ -19,7 +19,7 @@ NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # part alone leaves a core idle while its ranks start or wait, and the last part to
 # end ran alone for minutes when there were five). STREAMS=1 runs them one after
 # the other.
-STREAMS ?= 8
+STREAMS ?= 9
 # pytest in four parts: the tests that mostly wait on processes (torchrun from a
 # shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers and
 # the sharding wrappers, and the rest.
@@ -27,13 +27,15 @@ WAITING_TESTS := tests/faults tests/ddp tests/snapshot
 WAITING_TESTS_2 := tests/runtime tests/doctor
 SHARDING_TESTS := tests/exercises tests/zero tests/fsdp tests/fsdp2
 PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-sharding pytest-rest
-# The lessons with their re-run in two parts: 00-10, and 11 on.
+# The lessons in two parts, 00-10 and 11 on, both with their re-run and without CPU
+# kernels.
 LESSONS_LATE := $(sort $(wildcard notebooks/1[1-9]*.ipynb))
 LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
-NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default
+NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default-early \
+	nbval-default-late
 
 .PHONY: setup lab doctor test test-slow test-browser lint pytest $(PYTEST_PARTS) \
-	nbval nbval-native $(NBVAL_PARTS) run notebooks bench clean
+	nbval nbval-native nbval-default $(NBVAL_PARTS) run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
 # "notified about official Jupyter news?" prompt over a workshop's first notebook.
@@ -66,7 +68,7 @@ doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
 
 test: lint
-	@echo "pytest and nbval-native (each in four parts) and nbval-default, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		$(PYTEST_PARTS) $(NBVAL_PARTS)
 
@@ -112,7 +114,7 @@ test-browser: $(STAMP) $(LAB_OVERRIDES)
 # prints, so they run with one kernel set.
 nbval: $(STAMP)
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		nbval-native nbval-default
+		nbval-native nbval-default-early nbval-default-late
 
 nbval-native: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
@@ -132,9 +134,15 @@ nbval-solutions: $(STAMP)
 	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(SOLUTIONS)
 
-nbval-default: $(STAMP)
+nbval-default: nbval-default-early nbval-default-late
+
+nbval-default-early: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \
-		$(NBVAL) $(LESSONS)
+		$(NBVAL) $(LESSONS_EARLY)
+
+nbval-default-late: $(STAMP)
+	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \
+		$(NBVAL) $(LESSONS_LATE)
 
 # A workshop dry run: execute every notebook into build/ as HTML, change nothing.
 run: $(STAMP)

@@ -8,8 +8,8 @@ bandwidth (nccl-tests' busbw = size / time · 2(n-1)/n) of multigpu.collectives'
 naive all-reduce, textbook ring and pipelined ring, and of
 torch.distributed.all_reduce (gloo on CPU, nccl on GPUs), then the ratio pipelined
 ring / dist.all_reduce (above 1: the hand-written ring is faster). Each time is the
-median over the repeats of the slowest rank; the methods take turns in every repeat,
-and small tensors get more repeats (up to 8x). Taught in
+fastest of the repeats, each timed on the slowest rank; the methods take turns in
+every repeat, and small tensors get more repeats (up to 8x). Taught in
 notebooks/07_collectives_from_scratch.ipynb.
 """
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     table = run(options.world_sizes, options.sizes_mib, options.repeats)
     print_table(table)
     print(
-        f"busbw = size / time * 2(n-1)/n; median of >= {options.repeats} repeats; "
+        f"busbw = size / time * 2(n-1)/n; fastest of >= {options.repeats} repeats; "
         f"{time.perf_counter() - start:.0f} s in all"
     )
     return 0

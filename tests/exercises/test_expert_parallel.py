@@ -39,7 +39,7 @@ def test_check_passes_the_reference_and_a_different_right_answer():
     assert message == (
         "PASS: 16 rows (7, 4, 5 on ranks 0-2) reached the ranks of their experts, "
         "came back in order with the experts' outputs, and their gradients came "
-        "back too (within 1e-12); rank 1 kept none of its rows and expert 3 got none."
+        "back too (within 1e-12); rank 1's rows all left it and expert 3 got none."
     )
     passed, message = check_dispatch_combine(right_dispatch, right_combine)
     assert passed, message
@@ -63,17 +63,14 @@ def test_the_problem_is_uneven_in_every_way_the_lesson_names():
         (
             (own_view_dispatch, right_combine),
             "FAIL: in dispatch, rank 0 expects [4, 0, 3] rows from ranks 0-2, but "
-            "they send it [4, 2, 1] (its own input split sizes: what it sends, not "
-            "what it receives): a rank's own counts say what it sends; what it "
-            "receives from rank s is what rank s counted for this rank's experts, "
-            "which only rank s knows until it tells.",
+            "they send it [4, 2, 1]: it took its own input split sizes, what it "
+            "sends, for what it receives.",
         ),
         (
             (right_dispatch, unswapped_combine),
-            "FAIL: in combine, rank 1's input split sizes are not one number per rank "
-            "adding up to the rows of the tensor it sends: in combine every row goes "
-            "back to the rank that sent it, so each rank sends back what it received "
-            "and receives what it sent.",
+            "FAIL: in combine, every rank gives all_to_all_single the split sizes of "
+            "dispatch in the same places: the outputs would travel on as the rows "
+            "did, not back to the ranks they came from.",
         ),
         (
             (right_dispatch, dispatch_order_combine),

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from multigpu.plots.expert_parallel import (  # noqa: E402
     DROPPED_COLOUR,
     plot_load_balance,
+    plot_send_table,
     plot_token_routing,
 )
 
@@ -38,8 +39,22 @@ def test_plot_load_balance_has_a_curve_per_run_and_bars_per_expert():
     left, right = figure.axes
     curves = [line for line in left.lines if line.get_label() in runs]
     assert [list(line.get_ydata()) for line in curves] == [[3.0, 4.0], [3.0, 1.0]]
+    by_rank = [line for line in left.lines if line.get_label().endswith("per rank")]
+    # ranks hold experts 0-1 and 2-3: [8, 0] and [8, 0], then [8, 0] and [4, 4]
+    assert [list(line.get_ydata()) for line in by_rank] == [[2.0, 2.0], [2.0, 1.0]]
+    assert all(line.get_linestyle() == "--" for line in by_rank)
     assert [c.get_label() for c in right.containers] == [
         "start", "aux 0, end", "aux 0.1, end"
     ]  # fmt: skip
     assert [bar.get_height() for bar in right.containers[1]] == [8, 0, 0, 0]
+    plt.close(figure)
+
+
+def test_plot_send_table_writes_what_each_rank_sends_each_rank():
+    sent = [[3, 2], [3, 0]]  # sent[s][r]: rows rank s sends rank r
+    figure = plot_send_table(sent)
+    (axis,) = figure.axes
+    assert axis.images[0].get_array().tolist() == sent
+    numbers = {(t.get_position(), t.get_text()) for t in axis.texts}
+    assert numbers == {((0, 0), "3"), ((1, 0), "2"), ((0, 1), "3"), ((1, 1), "0")}
     plt.close(figure)

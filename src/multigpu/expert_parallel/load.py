@@ -1,11 +1,12 @@
 """The load of experts and ranks: how many tokens each computes, and how uneven
 that is (18).
 
-An expert-parallel step is as slow as its busiest rank: every rank waits for the
-combine, which waits for the rank whose experts got the most tokens. So the
-number that matters is the largest load over the mean, 1 when perfectly even
-(:func:`imbalance`). :func:`tokens_per_rank` adds the experts' loads up by the rank
-that holds them (E/ep consecutive experts per rank).
+Two loads matter. An expert's: with a capacity, the tokens beyond it are dropped.
+A rank's, its experts' loads added up (:func:`tokens_per_rank`, E/ep consecutive
+experts per rank): an expert-parallel step is as slow as its busiest rank, since
+every rank waits in the combine for the rank whose experts got the most tokens.
+For both, the measure is the largest load over the mean, 1 when perfectly even
+(:func:`imbalance`); with one expert per rank the two are the same.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ def load_table(
     histories: dict[str, Sequence[Sequence[int]]], steps: Sequence[int], ep_size: int
 ) -> list[str]:
     """Lines of a table: for each run (name -> tokens per expert at every step) and
-    each step asked, the tokens per expert, per rank and the imbalance (18)."""
-    lines = [f"{'run':<14}{'step':>5}  {'per expert':<22}{'per rank':<12}max/mean"]
+    each step asked, the tokens per expert and their max/mean, the tokens per rank
+    and theirs (18)."""
+    lines = [
+        f"{'run':<14}{'step':>5}  {'per expert':<20}{'max/mean':<10}"
+        f"{'per rank':<12}max/mean"
+    ]
     for name, per_step in histories.items():
         for step in steps:
             loads = list(per_step[step])
             ranks = tokens_per_rank(loads, ep_size)
             lines.append(
-                f"{name:<14}{step:>5}  {str(loads):<22}{str(ranks):<12}"
-                f"{imbalance(loads):.2f}"
+                f"{name:<14}{step:>5}  {str(loads):<20}{imbalance(loads):<10.2f}"
+                f"{str(ranks):<12}{imbalance(ranks):.2f}"
             )
     return lines

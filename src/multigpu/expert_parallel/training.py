@@ -9,7 +9,10 @@ all-reduced over the whole world, as in DDP. An expert has dp replicas, one per
 expert-parallel group (the ranks with the same r mod ep: its *expert-data-parallel*
 group, Megatron-LM's name): its gradient already holds every token of its own
 group, and is all-reduced over the expert-data-parallel group only. With dp = 1
-that group is one rank and the expert weights are not all-reduced at all.
+that group is one rank and the experts' gradients are not all-reduced at all.
+All-reduced means summed: each rank's loss is divided by the whole batch's size
+(:func:`~multigpu.expert_parallel.layer.moe_loss`), so the sums are one process's
+gradients however unevenly the samples are shared.
 
 At the start each rank holds its own random weights: the world's first rank
 broadcasts the replicated part, and each expert's first holder its expert.

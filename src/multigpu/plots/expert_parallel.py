@@ -1,5 +1,5 @@
-"""Expert parallelism's figures: where each token goes and how many tokens each
-expert gets (18)."""
+"""Expert parallelism's figures: where each token goes, how many rows each rank
+sends each rank, and how many tokens each expert and rank gets (18)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from multigpu.expert_parallel import experts_per_rank, imbalance
+from multigpu.expert_parallel import experts_per_rank, imbalance, tokens_per_rank
 
 EXPERT_COLOURS = (
     "#4c72b0", "#dd8452", "#55a868", "#c44e52",
@@ -117,19 +117,43 @@ def plot_token_routing(
     return figure
 
 
+def plot_send_table(sent: Sequence[Sequence[int]]) -> Figure:
+    """The rows each rank sends each rank, ``sent[s][r]`` (ep, ep): row s is what
+    rank s sends (its input split sizes, which it counts itself), column r what
+    rank r receives (its output split sizes, which the other ranks hold) (18)."""
+    world = len(sent)
+    figure, axis = plt.subplots(figsize=(1.2 * world + 3.4, 0.8 * world + 1.2))
+    axis.imshow([list(row) for row in sent], cmap="Blues", vmin=0,
+                vmax=2 * max(max(row) for row in sent) or 1)  # fmt: skip
+    for s, row in enumerate(sent):
+        for r, rows in enumerate(row):
+            axis.text(r, s, str(rows), ha="center", va="center", fontsize=12)
+    axis.set_xticks(range(world), [f"to rank {r}" for r in range(world)])
+    axis.set_yticks(range(world), [f"from rank {s}" for s in range(world)])
+    axis.xaxis.tick_top()
+    axis.set_xlabel("column r: rank r's output_split_sizes (the others know them)")
+    axis.set_ylabel("row s: rank s's\ninput_split_sizes\n(it counts them)")
+    figure.tight_layout()
+    return figure
+
+
 def plot_load_balance(
     histories: Mapping[str, Sequence[Sequence[int]]], ep_size: int
 ) -> Figure:
-    """Left: the busiest expert's tokens over the mean, step by step, for each run
-    (name -> tokens per expert at each step); right: tokens per expert at the
-    first step and at the last step of each run, labelled with the rank that holds
-    each expert (18)."""
+    """Left: the busiest expert's tokens over the mean (solid) and the busiest
+    rank's (dashed), step by step, for each run (name -> tokens per expert at each
+    step); right: tokens per expert at the first step and at the last step of each
+    run, labelled with the rank that holds each expert (18)."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, per_step in histories.items():
-        left.plot([imbalance(loads) for loads in per_step], label=name)
+    for k, (name, per_step) in enumerate(histories.items()):
+        colour = f"C{k}"
+        left.plot([imbalance(loads) for loads in per_step], colour, label=name)
+        by_rank = [imbalance(tokens_per_rank(loads, ep_size)) for loads in per_step]
+        left.plot(by_rank, colour, linestyle="--", label=f"{name}, per rank")
     left.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     left.set_xlabel("step")
-    left.set_ylabel("max / mean tokens per expert")
+    left.set_ylabel("max / mean tokens")
+    left.set_title(f"per expert (solid), per rank of {ep_size} (dashed)", fontsize=10)
     left.legend(fontsize=8)
     bars = [("start", next(iter(histories.values()))[0])]
     bars += [(f"{name}, end", per_step[-1]) for name, per_step in histories.items()]

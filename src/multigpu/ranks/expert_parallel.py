@@ -161,28 +161,47 @@ class SplitSizeError(RuntimeError):
     """The split sizes of an all-to-all do not match between the ranks (18)."""
 
 
-def _split_message(stage: str, sent: torch.Tensor, expected: torch.Tensor) -> str:
-    """One sentence on the first rank whose sizes disagree, the same on every rank."""
-    world = len(sent)
-    for source in range(world):
-        if (sent[source] < 0).any():
-            return (
-                f"in {stage}, rank {source}'s input split sizes are not one number per "
-                "rank adding up to the rows of the tensor it sends"
-            )
-    for rank in range(world):
-        if (expected[rank] < 0).any():
-            return (
-                f"in {stage}, rank {rank}'s output split sizes are not one number per "
-                "rank adding up to the rows of its output tensor"
-            )
+def _split_message(
+    stage: str,
+    sizes: torch.Tensor,
+    valid: torch.Tensor,
+    dispatched: torch.Tensor | None,
+) -> str:
+    """One sentence on what is wrong with the ranks' split sizes, the same on every
+    rank: ``sizes[rank]`` holds its (input, output) split sizes, ``valid[rank]``
+    whether each list fits its tensor, ``dispatched`` the sizes of dispatch's last
+    exchange."""
+    world = len(sizes)
+    sent, expected = sizes[:, 0], sizes[:, 1]  # sent[s, r], expected[r, s]
+    if (
+        stage == "combine"
+        and dispatched is not None
+        and torch.equal(sizes, dispatched)
+        and not torch.equal(sent, sent.T)
+    ):
+        return (
+            "in combine, every rank gives all_to_all_single the split sizes of "
+            "dispatch in the same places: the outputs would travel on as the rows "
+            "did, not back to the ranks they came from"
+        )
+    for side, what, tensor_is in (
+        (0, "input", "the tensor it sends"),
+        (1, "output", "its output tensor"),
+    ):
+        for rank in range(world):
+            if not valid[rank, side]:
+                return (
+                    f"in {stage}, rank {rank}'s {what} split sizes are not one number "
+                    f"per rank adding up to the rows of {tensor_is}"
+                )
     rank = next(r for r in range(world) if not torch.equal(sent[:, r], expected[r]))
+    own = torch.equal(expected[rank], sent[rank]) and not torch.equal(sent, sent.T)
     return (
         f"in {stage}, rank {rank} expects {expected[rank].tolist()} rows from ranks "
         f"0-{world - 1}, but they send it {sent[:, rank].tolist()}"
         + (
-            " (its own input split sizes: what it sends, not what it receives)"
-            if torch.equal(expected[rank], sent[rank]) and not torch.equal(sent, sent.T)
+            ": it took its own input split sizes, what it sends, for what it receives"
+            if own
             else ""
         )
     )
@@ -193,6 +212,7 @@ def _install_split_check(stage: list[str]) -> None:
     output split sizes with what the others send it, and raise the same
     SplitSizeError on every rank instead of letting gloo abort them."""
     original = dist.all_to_all_single
+    dispatched: list[torch.Tensor] = []  # the sizes of dispatch's last exchange
 
     def checked(
         output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -200,28 +220,30 @@ def _install_split_check(stage: list[str]) -> None:
     ):  # fmt: skip
         world = dist.get_world_size(group)
 
-        def view(given, tensor) -> torch.Tensor:
+        def view(given, tensor) -> tuple[list[int], int]:
             rows = tensor.shape[0] if tensor.dim() else -1
             if given is None:
                 given = [rows // world] * world if rows % world == 0 else []
             given = [int(n) for n in given]
-            if len(given) != world or sum(given) != rows:
-                return torch.full((world,), -1, dtype=torch.int64)
-            return torch.tensor(given, dtype=torch.int64)
+            if len(given) != world:
+                return [-1] * world, 0
+            return given, int(sum(given) == rows and min(given) >= 0)
 
-        mine = torch.stack(
-            [view(input_split_sizes, input), view(output_split_sizes, output)]
+        (sent, sent_ok), (expected, expected_ok) = (
+            view(input_split_sizes, input),
+            view(output_split_sizes, output),
         )
+        mine = torch.tensor([*sent, *expected, sent_ok, expected_ok])
         views = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(views, mine, group=group)
-        sent = torch.stack([v[0] for v in views])  # sent[s, r]: rows s sends r
-        expected = torch.stack([v[1] for v in views])  # expected[r, s]
-        if (
-            (sent < 0).any()
-            or (expected < 0).any()
-            or not torch.equal(sent.T, expected)
-        ):
-            raise SplitSizeError(_split_message(stage[0], sent, expected))
+        everyone = torch.stack(views)  # (world, 2 * world + 2)
+        sizes = everyone[:, : 2 * world].reshape(world, 2, world)
+        valid = everyone[:, 2 * world :].bool()
+        if not valid.all() or not torch.equal(sizes[:, 0].T, sizes[:, 1]):
+            previous = dispatched[-1] if dispatched else None
+            raise SplitSizeError(_split_message(stage[0], sizes, valid, previous))
+        if stage[0] == "dispatch":
+            dispatched.append(sizes)
         return original(
             output, input, output_split_sizes, input_split_sizes, group=group,
             async_op=async_op,

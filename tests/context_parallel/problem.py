@@ -13,6 +13,7 @@ TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 WORLD_SIZES = (1, 2, 4)
 LENGTHS = (16, 13, 3)
 DTYPES = hard_cases.DTYPES  # float32 and float64, as every hard-case suite
+ALL_TO_ALL_TOKENS, ALL_TO_ALL_HEADS = 8, 4  # the labelled table, 10·token + head
 
 
 def _splits(seq_len: int, world_size: int, scheme: str, layout: str) -> bool:
@@ -86,3 +87,12 @@ def memory_steps() -> dict[int, dict]:
             layout="contiguous",
         )  # fmt: skip
     return steps
+
+
+def simple_ring_cases() -> list:
+    """The short ring's cases: no mask, 16 tokens (which 1, 2 and 4 divide), float64
+    and float32."""
+    return [
+        make_attention_case(16, False, dtype=dtype, seed=16 + i)
+        for i, dtype in enumerate(DTYPES)
+    ]

@@ -1,8 +1,10 @@
 """Ring attention on 1, 2 and 4 ranks equals one process, forward and backward
 (float64 within 1e-12, float32 within 1e-5), causal and not, on lengths that divide
 (16), do not divide (13) and leave a rank empty (3 on 4 ranks), contiguous and
-zig-zag; zig-zag refuses lengths it cannot split by name; each rank sends the bytes
-of the formula and computes and skips the blocks of the formula."""
+zig-zag; so does the short ring without a mask; zig-zag refuses lengths it cannot
+split by name; each rank sends the bytes of the formula, computes and skips the
+blocks of the formula, and needs and computes the query-key products of the
+formulas."""
 
 import pytest
 import torch
@@ -10,15 +12,18 @@ import torch
 from multigpu.context_parallel import (
     make_attention_case,
     one_process_attention,
+    reference_attention,
     simulate_ring_attention,
+    unshard_sequence,
 )
 from multigpu.costmodel.context_parallel import (
     attention_activation_bytes,
     causal_block_counts,
+    causal_scores_needed,
     causal_scores_per_rank,
     ring_attention_bytes,
 )
-from multigpu.ranks.context_parallel import run_attention
+from multigpu.ranks.context_parallel import run_attention, run_simple_ring
 from tests.context_parallel.problem import TOLERANCE
 
 KEYS = ("out", "grad_q", "grad_k", "grad_v")
@@ -74,13 +79,52 @@ def test_causal_blocks_computed_and_skipped_per_rank(launched):
         assert counts == causal_block_counts(layout, world_size), layout
         scores = [record.scores_computed() for record in run.records]
         assert scores == causal_scores_per_rank(layout, 16, world_size), layout
+        needed = [record.scores_needed() for record in run.records]
+        assert needed == causal_scores_needed(layout, 16, world_size), layout
+        assert sum(needed) == 16 * 17 // 2  # every pair key <= query, once
     if world_size == 4:  # the imbalance, and the balance
         contiguous = results["attention"][
             ("ring", "contiguous", True, 16, torch.float64)
         ]
         assert [r.scores_computed() for r in contiguous.records] == [16, 32, 48, 64]
+        assert [r.scores_needed() for r in contiguous.records] == [10, 26, 42, 58]
         zigzag = results["attention"][("ring", "zigzag", True, 16, torch.float64)]
         assert [r.scores_computed() for r in zigzag.records] == [36] * 4
+        assert [r.scores_needed() for r in zigzag.records] == [34] * 4
+
+
+def test_needed_products_on_uneven_and_empty_shards(launched):
+    world_size, results = launched
+    for seq_len in (13, 3):
+        run = results["attention"][("ring", "contiguous", True, seq_len, torch.float64)]
+        needed = [record.scores_needed() for record in run.records]
+        assert needed == causal_scores_needed("contiguous", seq_len, world_size)
+        assert sum(needed) == seq_len * (seq_len + 1) // 2
+    run = results["attention"][("ring", "contiguous", False, 13, torch.float64)]
+    assert [r.scores_needed() for r in run.records] == [
+        r.scores_computed() for r in run.records
+    ]  # without a mask every product is needed
+
+
+def test_the_short_ring_equals_one_process(launched):
+    world_size, results = launched
+    for case, pieces in results["simple"]:
+        out = unshard_sequence(pieces, "contiguous", case.q.shape[2])
+        reference = reference_attention(case.q, case.k, case.v, causal=False)
+        difference = (out - reference).abs().max().item()
+        assert difference < TOLERANCE[case.q.dtype], (world_size, difference)
+
+
+@pytest.mark.parametrize(
+    ("causal", "seq_len"), [(True, 8), (False, 7)], ids=["causal", "uneven"]
+)
+def test_the_short_ring_refuses_what_it_does_not_take(causal, seq_len):
+    case = make_attention_case(seq_len, causal=causal)
+    with pytest.raises(ValueError) as error:
+        run_simple_ring([case], world_size=2)
+    message = str(error.value)
+    assert message.startswith("the short ring takes no mask and the same number")
+    assert f"causal={causal} and {seq_len} tokens on 2 ranks" in message
 
 
 def test_without_a_mask_no_block_is_skipped(launched):

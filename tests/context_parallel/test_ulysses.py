@@ -1,14 +1,20 @@
 """Ulysses on 1, 2 and 4 ranks equals one process, forward and backward, causal and
 not, on even, uneven and empty shards; it refuses heads the world size does not
 divide, by name, before any rank starts; each rank sends the bytes of the formula,
-n/2 times less than the ring's forward when n divides the sequence."""
+n/2 times less than the ring's forward when n divides the sequence; its all-to-all
+turns each rank's tokens of every head into every token of its heads."""
 
 import pytest
+import torch
 
 from multigpu.context_parallel import make_attention_case, one_process_attention
 from multigpu.costmodel.context_parallel import ring_attention_bytes, ulysses_bytes
 from multigpu.ranks.context_parallel import run_attention
-from tests.context_parallel.problem import TOLERANCE
+from tests.context_parallel.problem import (
+    ALL_TO_ALL_HEADS,
+    ALL_TO_ALL_TOKENS,
+    TOLERANCE,
+)
 
 
 def test_ulysses_equals_one_process_forward_and_backward(launched):
@@ -62,3 +68,18 @@ def test_ulysses_refuses_the_zigzag_layout():
     case = make_attention_case(8, causal=True, layout="zigzag", scheme="ulysses")
     with pytest.raises(ValueError, match="Unknown Ulysses layout 'zigzag'"):
         case.check(2)
+
+
+def test_the_all_to_all_trades_tokens_for_heads(launched):
+    """Entry 10·token + head: before, rank r holds its tokens of every head; after,
+    every token of its heads, in sequence order."""
+    world_size, results = launched
+    table = (
+        torch.arange(ALL_TO_ALL_TOKENS)[:, None] * 10
+        + torch.arange(ALL_TO_ALL_HEADS)[None, :]
+    )  # (tokens, heads)
+    tokens = table.tensor_split(world_size, dim=0)
+    heads = table.tensor_split(world_size, dim=1)
+    for rank, tables in enumerate(results["all_to_all"]):
+        assert torch.equal(tables["before"], tokens[rank]), rank
+        assert torch.equal(tables["after"], heads[rank]), rank

@@ -7,7 +7,9 @@ from multigpu.costmodel.context_parallel import (
     attention_activation_bytes,
     block_activation_bytes,
     causal_block_counts,
+    causal_scores_needed,
     causal_scores_per_rank,
+    logits_bytes,
     longest_sequence,
     ring_attention_bytes,
     tokens_per_rank,
@@ -110,3 +112,33 @@ def test_attention_activations_by_hand():
         attention_activation_bytes(16, 1, 0, 1, 4, 4, 8, "ulysses", True) == one + 256
     )
     assert attention_activation_bytes(16, 2, 1, 1, 4, 4, 8, "ulysses") == one // 2
+
+
+def test_needed_products_by_hand():
+    # a query at position p needs p + 1 keys: 16 tokens on 4 ranks, contiguous
+    assert causal_scores_needed("contiguous", 16, 4) == [
+        1 + 2 + 3 + 4,
+        5 + 6 + 7 + 8,
+        9 + 10 + 11 + 12,
+        13 + 14 + 15 + 16,
+    ]
+    # zig-zag, rank 0 holds 0, 1, 14, 15
+    assert causal_scores_needed("zigzag", 16, 4) == [1 + 2 + 15 + 16] * 4
+    assert causal_scores_needed("contiguous", 3, 4) == [1, 2, 3, 0]  # an empty rank
+    assert causal_scores_needed("contiguous", 13, 4) == [10, 5 + 6 + 7, 8 + 9 + 10, 36]
+
+
+def test_computed_exceeds_needed_by_the_masked_half_of_the_diagonal():
+    # a t x t diagonal block computes t² products and needs t(t + 1)/2
+    for layout, blocks, t in (("contiguous", 1, 4), ("zigzag", 2, 2)):
+        computed = causal_scores_per_rank(layout, 16, 4)
+        needed = causal_scores_needed(layout, 16, 4)
+        assert [c - n for c, n in zip(computed, needed)] == [
+            blocks * t * (t - 1) // 2
+        ] * 4
+
+
+def test_logits_bytes_by_hand():
+    assert logits_bytes(150_000, 128_256) == 150_000 * 128_256 * 2  # 16-bit
+    assert logits_bytes(150_000, 128_256, cp=4) == 150_000 / 4 * 128_256 * 2
+    assert logits_bytes(10, 100, batch=2, bytes_per_value=4) == 10 * 2 * 100 * 4

@@ -1,11 +1,13 @@
 """Tests for multigpu.exercises.context_parallel: 17's checkers pass the reference
 and correct answers written otherwise, and name each mistake learners make (the
-answers in wrong_context_parallel.py); a learner's exception is a FAIL naming it."""
+answers in wrong_context_parallel.py); a learner's exception is a FAIL naming it;
+an answer that is or calls the package's own function is refused by name."""
 
 import pytest
 
 from multigpu.context_parallel import (
     causal_block_kind,
+    layout_chunks,
     layout_positions,
     merge_partials,
 )
@@ -18,20 +20,16 @@ from tests.exercises import wrong_context_parallel as wrong
 from tests.exercises.raising import raises
 
 
-def zigzag(seq_len, world_size, rank):
-    return layout_positions("zigzag", seq_len, world_size, rank)
-
-
 @pytest.mark.parametrize(
     ("checker", "answer"),
     [
-        (check_merge, merge_partials),
+        (check_merge, wrong.reference_merge),
         (check_merge, wrong.sigmoid_form),
         (check_merge, wrong.logaddexp_form),
-        (check_zigzag_positions, zigzag),
+        (check_zigzag_positions, wrong.reference_zigzag),
         (check_zigzag_positions, wrong.tail_first),
         (check_zigzag_positions, wrong.as_a_tensor),
-        (check_block_kind, causal_block_kind),
+        (check_block_kind, wrong.reference_block_kind),
         (check_block_kind, wrong.causal_rule),
         (check_block_kind, wrong.masks_the_past_too),
     ],
@@ -44,12 +42,17 @@ def test_the_checkers_pass_correct_answers(checker, answer):
 
 
 def test_the_pass_messages():
-    assert check_merge(merge_partials).message == (
+    assert check_merge(wrong.reference_merge).message == (
         "PASS: your merge is exact for equal and unequal blocks, finite for "
         "log-sum-exps of +-800, and ring attention with it equals one process within "
         "1e-12 (4 ranks contiguous, 2 ranks zig-zag, causal)."
     )
-    assert check_block_kind(causal_block_kind).message.endswith(
+    assert check_zigzag_positions(wrong.reference_zigzag).message == (
+        "PASS: every token on one rank, the same causal work on every rank (16 tokens "
+        "on 4 ranks: 34 query-key products needed each), and ring attention on your "
+        "layout equals one process within 1e-12."
+    )
+    assert check_block_kind(wrong.reference_block_kind).message.endswith(
         "(contiguous: ranks skip 3, 2, 1, 0 blocks; zig-zag: 7 each)."
     )
 
@@ -61,9 +64,9 @@ MERGE_MISTAKES = {
     "b's), so the merge must be almost block a's output; yours is not: merging "
     "normalised outputs without the weight",
     "adds_outputs": "FAIL: two blocks with the same log-sum-exp carry the same "
-    "weight, so their merge is the average of their outputs; yours is 2 times it.",
+    "weight, so their merge is the average of their outputs; yours is 2 times it:",
     "unnormalised": "FAIL: two blocks with the same log-sum-exp carry the same "
-    "weight, so their merge is the average of their outputs; yours is 2 times it.",
+    "weight, so their merge is the average of their outputs; yours is 2 times it:",
     "swapped_weights": "FAIL: block a's scores are far larger (log-sum-exp 20 above "
     "b's), so the merge must be almost block a's output; yours is almost block b's",
     "max_as_lse": "FAIL: merging two blocks with the same log-sum-exp L must give "
@@ -168,3 +171,43 @@ def test_a_learners_exception_is_a_fail_naming_it(checker):
     passed, message = checker(raises)
     assert not passed
     assert message.startswith(RAISED[checker.__name__]), message
+
+
+BORROWED = [
+    (check_merge, merge_partials, "merge_partials"),
+    (check_merge, wrong.calls_the_package_merge, "merge_partials"),
+    (check_zigzag_positions, layout_positions, "layout_positions"),
+    (check_zigzag_positions, wrong.calls_the_package_layout, "layout_positions"),
+    (
+        check_zigzag_positions,
+        wrong.calls_an_alias_of_the_package_layout,
+        "layout_positions",
+    ),
+    (check_zigzag_positions, wrong.imports_the_package_chunks, "layout_chunks"),
+    (check_zigzag_positions, layout_chunks, "layout_chunks"),
+    (check_block_kind, causal_block_kind, "causal_block_kind"),
+    (check_block_kind, wrong.calls_the_package_rule, "causal_block_kind"),
+]
+
+
+@pytest.mark.parametrize(
+    ("checker", "answer", "name"), BORROWED, ids=[a.__name__ for _, a, _ in BORROWED]
+)
+def test_an_answer_that_hands_the_work_to_the_package_is_refused(checker, answer, name):
+    passed, message = checker(answer)
+    assert (passed, message) == (
+        False,
+        f"FAIL: your function hands the work to the package's own {name}, so this "
+        "would check the package, not your code.",
+    )
+
+
+def test_a_learners_own_function_named_like_the_packages_is_not_refused():
+    def causal_block_kind(queries, keys):  # the learner's own, by that name
+        return wrong.reference_block_kind(queries, keys)
+
+    def block_kind(queries, keys):
+        return causal_block_kind(queries, keys)
+
+    passed, message = check_block_kind(block_kind)
+    assert passed, message

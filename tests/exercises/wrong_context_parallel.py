@@ -1,8 +1,12 @@
-"""Answers learners write to 17's exercises, each wrong in one way, and correct
-answers written another way than the reference."""
+"""Answers learners write to 17's exercises, each wrong in one way; correct answers
+written another way than the reference; the references of the solutions notebook;
+and answers that hand the work to the package."""
 
 import torch
 from torch.nn import functional as F
+
+from multigpu import context_parallel as cp
+from multigpu.context_parallel import layout_positions as positions_of
 
 # The log-sum-exp merge: merge(out_a, lse_a, out_b, lse_b) -> (out, lse)
 
@@ -192,3 +196,57 @@ def causal_rule(queries, keys):
 def masks_the_past_too(queries, keys):
     """Correct: masks every block it computes (the mask hides nothing in the past)."""
     return "skip" if keys.start > queries[-1] else "causal"
+
+
+# The references, as the solutions notebook writes them
+
+
+def reference_merge(out_a, lse_a, out_b, lse_b):
+    """Correct: the running maximum taken out first."""
+    top = torch.maximum(lse_a, lse_b)
+    weight_a, weight_b = torch.exp(lse_a - top), torch.exp(lse_b - top)
+    total = weight_a + weight_b
+    out = (weight_a[..., None] * out_a + weight_b[..., None] * out_b) / total[..., None]
+    return out, top + torch.log(total)
+
+
+def reference_zigzag(seq_len, world_size, rank):
+    """Correct: chunk rank and chunk 2n - 1 - rank."""
+    size = seq_len // (2 * world_size)
+    tail = 2 * world_size - 1 - rank
+    head_chunk = range(rank * size, (rank + 1) * size)
+    return list(head_chunk) + list(range(tail * size, (tail + 1) * size))
+
+
+def reference_block_kind(queries, keys):
+    """Correct: from both ends of both ranges."""
+    if keys.start > queries[-1]:
+        return "skip"
+    return "full" if keys[-1] <= queries.start else "causal"
+
+
+# Answers that call the package's own function instead of writing the rule
+
+
+def calls_the_package_merge(out_a, lse_a, out_b, lse_b):
+    return cp.merge_partials(out_a, lse_a, out_b, lse_b)
+
+
+def calls_the_package_layout(seq_len, world_size, rank):
+    return cp.layout_positions("zigzag", seq_len, world_size, rank)
+
+
+def calls_an_alias_of_the_package_layout(seq_len, world_size, rank):
+    return positions_of("zigzag", seq_len, world_size, rank)
+
+
+def imports_the_package_chunks(seq_len, world_size, rank):
+    from multigpu.context_parallel import layout_chunks
+
+    return [
+        p for chunk in layout_chunks("zigzag", seq_len, world_size, rank) for p in chunk
+    ]
+
+
+def calls_the_package_rule(queries, keys):
+    return cp.causal_block_kind(queries, keys)

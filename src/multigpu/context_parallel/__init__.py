@@ -62,6 +62,7 @@ from multigpu.context_parallel.ring import (
     ring_attention,
     ring_attention_backward,
     ring_attention_forward,
+    simple_ring_attention,
     simulate_ring_attention,
 )
 from multigpu.context_parallel.step import (
@@ -122,6 +123,7 @@ __all__ = [
     "ring_attention_forward",
     "sequence_to_heads",
     "shard_sequence",
+    "simple_ring_attention",
     "simulate_ring_attention",
     "torch_context_parallel_attention",
     "torch_head_tail_positions",

@@ -44,6 +44,7 @@ __all__ = [
     "ring_attention",
     "ring_attention_backward",
     "ring_attention_forward",
+    "simple_ring_attention",
     "simulate_ring_attention",
 ]
 
@@ -77,10 +78,26 @@ class RingRecord:
         return {kind: kinds.count(kind) for kind in ("full", "causal", "skip")}
 
     def scores_computed(self) -> int:
-        """Query-key products computed in forward (skipped blocks: none)."""
+        """Query-key products computed in forward: every product of a block that is
+        not skipped, the masked ones of a block on the diagonal included."""
         return sum(
             len(b.queries) * len(b.keys) for b in self.blocks if b.kind != "skip"
         )
+
+    def scores_needed(self) -> int:
+        """Query-key products the attention needs: the pairs a causal mask lets
+        through (key position <= query position) in the blocks met; all of them
+        without a mask."""
+        return sum(_needed(b) for b in self.blocks)
+
+
+def _needed(block: BlockRecord) -> int:
+    if block.kind == "skip":
+        return 0
+    if block.kind == "full":
+        return len(block.queries) * len(block.keys)
+    keys = block.keys
+    return sum(max(0, min(q, keys[-1]) - keys.start + 1) for q in block.queries)
 
 
 def _rank_and_size() -> tuple[int, int]:
@@ -183,6 +200,34 @@ def ring_attention_forward(
                 request.wait()
             kv = incoming
     return _finish(state, q, chunks[rank])
+
+
+def simple_ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Ring attention without a mask, the loop of :func:`ring_attention_forward`
+    alone: q, k, v (batch, heads, tokens, head_dim), the same number of contiguous
+    tokens on every rank -> this rank's output (notebook 17)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    kv = torch.stack([k, v])  # keys and values travel together: one message
+    out = lse = None
+    for step in range(world_size):
+        if step < world_size - 1:  # post the exchange first: it runs while we compute
+            incoming = torch.empty_like(kv)
+            requests = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, kv, right),
+                    dist.P2POp(dist.irecv, incoming, left),
+                ]
+            )
+        partial = block_attention(q, kv[0], kv[1])  # my queries, the block I hold
+        out, lse = partial if out is None else merge_partials(out, lse, *partial)
+        if step < world_size - 1:
+            for request in requests:
+                request.wait()
+            kv = incoming  # the block of rank (rank - step - 1) mod world_size
+    return out
 
 
 def ring_attention_backward(

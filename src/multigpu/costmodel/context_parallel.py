@@ -11,13 +11,16 @@ holds t_r tokens (S/n when n divides S).
 - Ulysses runs four all-to-alls per forward (q, k, v to split heads, the output
   back) and four in backward; a rank keeps 1/n of what it holds and sends the
   rest: with t = S/n, 4(n − 1)/n · t·b·H·d·B each way, n/2 times less than the
-  ring's forward 2(n − 1)·t·b·H·d·B.
+  ring's forward 2(n − 1)·t·b·H·d·B; in backward the ring sends (4n − 2)·t·b·H·d·B.
 - Under a causal mask, contiguous rank r computes r + 1 of its n blocks; zig-zag
   gives every rank 2n + 1 of 4n half-size blocks (:func:`causal_block_counts`).
-- Activations: ring attention keeps 4·b·H·t·d + b·H·t values per rank, plain
-  attention on the whole sequence (one process, or Ulysses' H/n heads) the S²
-  probabilities too. The lesson's attention block keeps 6·b·t·hidden + b·H·t values per
-  rank with ring attention, against 5·b·S·hidden + b·H·S² (and the S² mask bytes)
+  A rank *needs* the query-key pairs the mask lets through (p + 1 for a query at
+  position p) and *computes* more: a block on the diagonal whole, then masked.
+- Activations: ring attention keeps 4·b·H·t·d + b·H·t values per rank (q, k, v,
+  output, log-sum-exp), plain attention on the whole sequence (one process, or
+  Ulysses' H/n heads) q, k, v and the S² probabilities, 3·b·H·S·d + b·H·S². The
+  lesson's attention block keeps 6·b·t·hidden + b·H·t values per rank with ring
+  attention, against 5·b·S·hidden + b·H·S² (and the S² mask bytes)
   for plain attention in one process. For a transformer layer in 16-bit with
   flash attention, 34·s·b·h bytes (Korthikanti et al. 2022, arXiv:2205.05198,
   eq. 1 without the 5as/h term that flash attention does not store), divided by
@@ -33,7 +36,9 @@ __all__ = [
     "attention_activation_bytes",
     "block_activation_bytes",
     "causal_block_counts",
+    "causal_scores_needed",
     "causal_scores_per_rank",
+    "logits_bytes",
     "longest_sequence",
     "ring_attention_bytes",
     "tokens_per_rank",
@@ -117,6 +122,17 @@ def causal_scores_per_rank(layout: str, seq_len: int, world_size: int) -> list[i
     return [(2 * world_size + 1) * chunk * chunk for _ in range(world_size)]
 
 
+def causal_scores_needed(layout: str, seq_len: int, world_size: int) -> list[int]:
+    """Query-key products each rank needs under a causal mask: p + 1 for each
+    query at position p it holds (17)."""
+    tokens = tokens_per_rank(seq_len, world_size, layout)
+    if layout == "contiguous":
+        starts = [sum(tokens[:r]) for r in range(world_size)]
+        return [t * start + t * (t + 1) // 2 for t, start in zip(tokens, starts)]
+    chunk = seq_len // (2 * world_size)
+    return [2 * world_size * chunk * chunk + chunk for _ in range(world_size)]
+
+
 def attention_activation_bytes(
     seq_len: int,
     world_size: int,
@@ -190,6 +206,15 @@ def transformer_activation_bytes(
     return layers * layer
 
 
+def logits_bytes(
+    seq_len: int, vocab: int, batch: int = 1, cp: int = 1, bytes_per_value: int = 2
+) -> float:
+    """Bytes of the logits (batch, seq_len / cp, vocab) on each of ``cp`` ranks,
+    16-bit by default: what :func:`longest_sequence` leaves out (17)."""
+    check_positive_int("cp", cp)
+    return seq_len / cp * batch * vocab * bytes_per_value
+
+
 def longest_sequence(
     memory_bytes: float,
     state_bytes: float,
@@ -200,8 +225,10 @@ def longest_sequence(
     tp: int = 1,
     recompute: bool = False,
 ) -> int:
-    """The longest sequence whose activations (:func:`transformer_activation_bytes`)
-    fit in what ``memory_bytes`` leaves after ``state_bytes`` (17)."""
+    """The longest sequence whose layers' activations
+    (:func:`transformer_activation_bytes`) fit in what ``memory_bytes`` leaves after
+    ``state_bytes``: an upper bound, without the logits (:func:`logits_bytes`) and
+    the communication buffers (17)."""
     free = memory_bytes - state_bytes
     if free <= 0:
         return 0

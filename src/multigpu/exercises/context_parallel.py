@@ -5,24 +5,30 @@ the causal block rule (:func:`check_block_kind`) (17).
 Each runs the learner's function on probes chosen so that each mistake learners
 make shows as its own symptom, then plays ring attention with it in one process,
 rank by rank (:func:`multigpu.context_parallel.simulate_ring_attention`, the same
-blocks and merges as on ranks), and compares with one process's attention.
+blocks and merges as on ranks), and compares with one process's attention. A
+function that is, or calls, the package's own answer is refused by name.
 """
 
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 
 import torch
 
 from multigpu.context_parallel import (
     BLOCK_KINDS,
+    causal_block_kind,
     chunks_of,
     layout_chunks,
+    layout_positions,
     make_attention_case,
     merge_partials,
     reference_attention,
+    shard_sequence,
     simulate_ring_attention,
+    torch_head_tail_positions,
 )
 from multigpu.exercises._result import ExerciseResult, fail, ok
 
@@ -34,6 +40,32 @@ SHAPE = (1, 2, 5, 4)  # batch, heads, queries, head_dim
 def _error(exc: Exception) -> str:
     """The learner's error in one line: its type and message."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _refuse_borrowed(function, answers: tuple) -> ExerciseResult | None:
+    """A FAIL naming the package function of ``answers`` that ``function`` is or
+    calls (by its name, as an attribute such as cp.layout_positions, or an alias)."""
+    top = getattr(function, "__code__", None)
+    codes, used = [top] if top else [], set()
+    while codes:  # the function's code and the code of what it defines inside
+        code = codes.pop()
+        used |= set(code.co_names) | set(code.co_freevars)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    scope = dict(getattr(function, "__globals__", {}))
+    for name, cell in zip(top.co_freevars if top else (), function.__closure__ or ()):
+        try:
+            scope[name] = cell.cell_contents
+        except ValueError:  # a variable not yet assigned
+            pass
+    for answer in answers:
+        name = answer.__name__
+        aliased = any(scope.get(u) is answer for u in used)
+        if function is answer or aliased or (name in used and name not in scope):
+            return fail(
+                f"FAIL: your function hands the work to the package's own {name}, so "
+                "this would check the package, not your code."
+            )
+    return None
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 1e-9) -> bool:
@@ -80,9 +112,9 @@ def _equal_blocks_problem(out, lse, out_a, out_b, level) -> str | None:
         how = f"{ratio.median().item():.3g} times it" if scaled else "not"
         return (
             "FAIL: two blocks with the same log-sum-exp carry the same weight, so "
-            f"their merge is the average of their outputs; yours is {how}. The "
-            "partial outputs are each already normalised by their own block's sum: "
-            "the merged weights must add up to 1."
+            f"their merge is the average of their outputs; yours is {how}: the "
+            "partial outputs are each already normalised by their own block's sum, "
+            "and your weights do not add up to 1."
         )
     if _close(lse, level):
         return (
@@ -110,6 +142,8 @@ def check_merge(
     two partial attention results over disjoint key blocks, safe from overflow,
     and does ring attention with it equal one process? (passed, what to fix)
     (17)."""
+    if refused := _refuse_borrowed(merge, (merge_partials,)):
+        return refused
     generator = torch.Generator().manual_seed(17)
     out_a, out_b = (torch.randn(SHAPE, generator=generator, dtype=torch.float64)
                     for _ in range(2))  # fmt: skip
@@ -117,25 +151,22 @@ def check_merge(
     merged = _call_merge(merge, out_a, level, out_b, level.clone())
     if isinstance(merged, str):
         return fail(merged)
-    problem = _equal_blocks_problem(*merged, out_a, out_b, level)
-    if problem:
+    if problem := _equal_blocks_problem(*merged, out_a, out_b, level):
         return fail(problem)
     merged = _call_merge(merge, out_a, level + 20, out_b, level)  # a dominates
     if isinstance(merged, str):
         return fail(merged)
     expected, _ = merge_partials(out_a, level + 20, out_b, level)
     if not _close(merged[0], expected):
-        if _close(merged[0], out_b, 1e-6):
-            return fail(
-                "FAIL: block a's scores are far larger (log-sum-exp 20 above b's), so "
-                "the merge must be almost block a's output; yours is almost block "
-                "b's: each output is weighted by the other block's sum."
-            )
+        why = (
+            "almost block b's: each output is weighted by the other block's sum."
+            if _close(merged[0], out_b, 1e-6)
+            else "not: merging normalised outputs without the weight of each block's "
+            "sum gives every block the same say, however large its scores."
+        )
         return fail(
             "FAIL: block a's scores are far larger (log-sum-exp 20 above b's), so the "
-            "merge must be almost block a's output; yours is not: merging normalised "
-            "outputs without the weight of each block's sum gives every block the "
-            "same say, however large its scores."
+            f"merge must be almost block a's output; yours is {why}"
         )
     for extreme in (800.0, -800.0):
         lse_a = level + extreme
@@ -145,9 +176,8 @@ def check_merge(
         if not all(torch.isfinite(t).all() for t in merged):
             return fail(
                 f"FAIL: with log-sum-exps near {extreme:+.0f} (scores that large "
-                "occur) your merge returns inf or nan: exp of them over- or "
-                "underflows even in float64. Only differences of log-sum-exps may "
-                "be exponentiated: the running maximum is what keeps them in range."
+                "occur) your merge returns inf or nan: it exponentiates numbers "
+                "that large, and exp over- or underflows even in float64."
             )
         expected = merge_partials(out_a, lse_a, out_b, lse_a - 1.5)
         if not (_close(merged[0], expected[0]) and _close(merged[1], expected[1])):
@@ -173,8 +203,8 @@ def _ring_verdict(merge, tolerance: float) -> ExerciseResult:
     if not worst <= tolerance:
         return fail(
             f"FAIL: ring attention with your merge is {worst:.1e} away from one "
-            "process's attention: merging a third block into a merged result "
-            "must weigh it by the merged log-sum-exp."
+            "process's attention: your merge is right for two blocks but not when "
+            "one side is itself a merged result."
         )
     return ok(
         "PASS: your merge is exact for equal and unequal blocks, finite for "
@@ -197,30 +227,27 @@ def _positions(function, seq_len: int, world_size: int, rank: int):
 
 def _layout_problem(held: list[list[int]], seq_len: int, world_size: int):
     """What is wrong with the positions every rank holds, or None."""
-    for rank, positions in enumerate(held):
-        outside = [p for p in positions if not 0 <= p < seq_len]
-        if outside:
-            return (
-                f"FAIL: with {seq_len} tokens on {world_size} ranks, rank {rank} "
-                f"holds position {outside[0]}, outside 0..{seq_len - 1}: an "
-                "off-by-one in the tail chunk's index."
-            )
+    where = f"FAIL: with {seq_len} tokens on {world_size} ranks,"
     owners: dict[int, list[int]] = {}
     for rank, positions in enumerate(held):
         for p in positions:
+            if not 0 <= p < seq_len:
+                return (
+                    f"{where} rank {rank} holds position {p}, outside "
+                    f"0..{seq_len - 1}: an off-by-one in the tail chunk's index."
+                )
             owners.setdefault(p, []).append(rank)
     twice = sorted(p for p, ranks in owners.items() if len(ranks) > 1)
     if twice:
         return (
-            f"FAIL: with {seq_len} tokens on {world_size} ranks, position {twice[0]} "
-            f"is held by ranks {owners[twice[0]]}: every token must be on exactly "
-            "one rank."
+            f"{where} position {twice[0]} is held by ranks {owners[twice[0]]}: every "
+            "token must be on exactly one rank."
         )
     missing = sorted(set(range(seq_len)) - owners.keys())
     if missing:
         return (
-            f"FAIL: with {seq_len} tokens on {world_size} ranks, no rank holds "
-            f"position {missing[0]}: every token must be on exactly one rank."
+            f"{where} no rank holds position {missing[0]}: every token must be on "
+            "exactly one rank."
         )
     sizes = [len(p) for p in held]
     if len(set(sizes)) > 1:
@@ -237,6 +264,9 @@ def check_zigzag_positions(
     tokens so that under a causal mask all ranks compute the same number of
     query-key products, and ring attention on that layout equals one process?
     (passed, what to fix) (17)."""
+    answers = layout_positions, layout_chunks, shard_sequence, torch_head_tail_positions
+    if refused := _refuse_borrowed(zigzag_positions, answers):
+        return refused
     for seq_len, world_size in ((16, 4), (8, 2), (12, 3), (4, 2)):
         held = []
         for rank in range(world_size):
@@ -244,8 +274,7 @@ def check_zigzag_positions(
             if isinstance(positions, str):
                 return fail(positions)
             held.append(positions)
-        problem = _layout_problem(held, seq_len, world_size)
-        if problem:
+        if problem := _layout_problem(held, seq_len, world_size):
             return fail(problem)
         case = make_attention_case(seq_len, causal=True, seed=4)
         chunks = [chunks_of(p) for p in held]
@@ -261,25 +290,23 @@ def check_zigzag_positions(
             )
         work = [sum(p + 1 for p in positions) for positions in held]  # k <= q pairs
         if len(set(work)) > 1:
-            contiguous = [list(c[0]) for c in (
-                layout_chunks("contiguous", seq_len, world_size, r)
+            contiguous = [
+                list(layout_chunks("contiguous", seq_len, world_size, r)[0])
                 for r in range(world_size)
-            )]  # fmt: skip
-            what = (
-                "contiguous chunks, so the last rank does the most work"
-                if held == contiguous
-                else "not balanced"
-            )
+            ]
+            what = "not balanced"
+            if held == contiguous:
+                what = "contiguous chunks, so the last rank does the most work"
             return fail(
                 f"FAIL: with {seq_len} tokens on {world_size} ranks your layout is "
                 f"{what}: under a causal mask the ranks need {work} query-key "
                 "products. A query late in the sequence sees many keys, an early one "
-                "few: each rank needs as many late queries as early ones."
+                "few, and your ranks hold them unevenly."
             )
     return ok(
         "PASS: every token on one rank, the same causal work on every rank (16 tokens "
-        "on 4 ranks: 34 query-key products each), and ring attention on your layout "
-        f"equals one process within {tolerance:.0e}."
+        "on 4 ranks: 34 query-key products needed each), and ring attention on your "
+        f"layout equals one process within {tolerance:.0e}."
     )
 
 
@@ -309,7 +336,7 @@ def _probe_problem(kind: str, queries: range, keys: range, what: str) -> str | N
         return (
             f"FAIL: your rule computes {where} whole: query {queries.start} would "
             f"then see keys {_span(range(queries.start + 1, keys.stop))}, its "
-            "future. The block on the diagonal needs the mask."
+            "future."
         )
     if what == "past" and kind == "skip":
         return (
@@ -331,6 +358,8 @@ def check_block_kind(
     """Does ``block_kind(queries, keys)`` skip exactly the blocks a causal mask
     hides entirely, mask the diagonal, and give one process's attention in ring
     attention with both layouts? (passed, what to fix) (17)."""
+    if refused := _refuse_borrowed(block_kind, (causal_block_kind,)):
+        return refused
     for queries, keys, what in PROBES:
         try:
             kind = block_kind(queries, keys)
@@ -341,8 +370,7 @@ def check_block_kind(
                 f"FAIL: your rule returned {kind!r} for queries {_span(queries)} and "
                 f"keys {_span(keys)}; return one of {', '.join(BLOCK_KINDS)}."
             )
-        problem = _probe_problem(kind, queries, keys, what)
-        if problem:
+        if problem := _probe_problem(kind, queries, keys, what):
             return fail(problem)
     for layout, world_size in (("contiguous", 4), ("zigzag", 4)):
         case = make_attention_case(16, causal=True, seed=5)
@@ -362,8 +390,8 @@ def check_block_kind(
             return fail(
                 f"FAIL: with {name} shards on {world_size} ranks your rule gives "
                 f"attention {worst:.1e} away from one process and skips {skipped} "
-                "blocks per rank: the rule must hold for blocks of any size and "
-                "place, decided from the positions of both blocks."
+                "blocks per rank: your rule fits the probes' blocks but not blocks "
+                "of other sizes and places."
             )
     return ok(
         "PASS: your rule skips every block in the future, masks the diagonal, and "

@@ -2,16 +2,20 @@
 
 :func:`attention_rank` runs ring or Ulysses attention forward and backward on this
 rank's tokens, one case after the other; :func:`run_attention` starts it once for
-many cases. :func:`block_rank` trains one step of a self-attention block under
-context parallelism (ranks from their own seeds, then rank 0's weights);
-:func:`run_block_steps` starts it. :func:`torch_context_parallel_rank` tries
-PyTorch's own ``context_parallel`` on this rank; :func:`run_torch_context_parallel`
-starts it.
+many cases. :func:`simple_ring_rank` runs the short ring without a mask
+(:func:`run_simple_ring`); :func:`all_to_all_rank` shows Ulysses' all-to-all on a
+labelled table (:func:`run_all_to_all`). :func:`block_rank` trains one step of a
+self-attention block under context parallelism (ranks from their own seeds, then
+rank 0's weights); :func:`run_block_steps` starts it.
+:func:`torch_context_parallel_rank` tries PyTorch's own ``context_parallel`` on
+this rank; :func:`run_torch_context_parallel` starts it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from multigpu.context_parallel import (
     AttentionCase,
@@ -21,16 +25,24 @@ from multigpu.context_parallel import (
     cp_block_step,
     make_attention_block,
     merge_attention_results,
+    sequence_to_heads,
+    shard_sequence,
+    simple_ring_attention,
     torch_context_parallel_attention,
+    unshard_sequence,
 )
 from multigpu.runtime.launch import SLOW_TIMEOUT_S, spawn
 
 __all__ = [
+    "all_to_all_rank",
     "attention_rank",
     "block_rank",
+    "run_all_to_all",
     "run_attention",
     "run_block_steps",
+    "run_simple_ring",
     "run_torch_context_parallel",
+    "simple_ring_rank",
     "torch_context_parallel_rank",
 ]
 
@@ -56,6 +68,64 @@ def run_attention(
         merge_attention_results(case, [ranks[i] for ranks in per_rank])
         for i, case in enumerate(cases)
     ]
+
+
+def simple_ring_rank(
+    rank: int, world_size: int, cases: Sequence[AttentionCase]
+) -> list[torch.Tensor]:
+    """Rank function: :func:`~multigpu.context_parallel.simple_ring_attention` on
+    this rank's contiguous tokens of each case; its output per case (17)."""
+    pieces = (
+        [shard_sequence(t, "contiguous", world_size, rank) for t in (c.q, c.k, c.v)]
+        for c in cases
+    )
+    return [simple_ring_attention(q, k, v) for q, k, v in pieces]
+
+
+def run_simple_ring(
+    cases: Sequence[AttentionCase], world_size: int, timeout: float = SLOW_TIMEOUT_S
+) -> list[torch.Tensor]:
+    """Start ``world_size`` ranks once and run the short ring on every case
+    (no mask, a length that ``world_size`` divides); each output in sequence
+    order (17)."""
+    for case in cases:
+        if case.causal or case.q.shape[2] % world_size:
+            raise ValueError(
+                "the short ring takes no mask and the same number of tokens on "
+                f"every rank; got causal={case.causal} and {case.q.shape[2]} "
+                f"tokens on {world_size} ranks. Use run_attention, whose ring "
+                "takes both."
+            )
+    per_rank = spawn(simple_ring_rank, world_size, list(cases), timeout=timeout)
+    return [
+        unshard_sequence([ranks[i] for ranks in per_rank], "contiguous", c.q.shape[2])
+        for i, c in enumerate(cases)
+    ]
+
+
+def all_to_all_rank(
+    rank: int, world_size: int, seq_len: int, heads: int
+) -> dict[str, torch.Tensor]:
+    """Rank function: this rank's tokens of a (tokens, heads) table whose entry is
+    10·token + head, before and after Ulysses' all-to-all
+    (:func:`~multigpu.context_parallel.sequence_to_heads`); each as (tokens,
+    heads) (17)."""
+    tokens = torch.arange(seq_len)[:, None] * 10 + torch.arange(heads)[None, :]
+    table = tokens.T[None, :, :, None].double()  # (batch 1, heads, seq, d 1)
+    mine = shard_sequence(table, "contiguous", world_size, rank)
+    after = sequence_to_heads(mine, seq_len)  # (1, heads / n, seq, 1)
+    return {
+        "before": mine[0, :, :, 0].T.long(),
+        "after": after[0, :, :, 0].T.long(),
+    }
+
+
+def run_all_to_all(
+    seq_len: int, heads: int, world_size: int, timeout: float = SLOW_TIMEOUT_S
+) -> list[dict[str, torch.Tensor]]:
+    """Start ``world_size`` ranks and run :func:`all_to_all_rank`; every rank's
+    tables (17)."""
+    return spawn(all_to_all_rank, world_size, seq_len, heads, timeout=timeout)
 
 
 def block_rank(rank: int, world_size: int, steps: Sequence[dict]) -> list[dict]:

@@ -8,6 +8,7 @@ import pytest
 
 from multigpu import ddp
 from multigpu.ddp import cli
+from tests.ddp.refusals import stopped
 
 
 def test_type_bool_trap_and_the_fix():
@@ -37,13 +38,7 @@ def test_counts_below_one_stop_the_script_with_the_fix(capsys):
 
 
 def _stopped(capsys, call, *args):
-    """The one line a check prints as it stops the script with exit status 2."""
-    with pytest.raises(SystemExit) as caught:
-        call(*args)
-    assert caught.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1, lines  # no usage: one line
-    return lines[0].removeprefix(f"{cli.PROG}: error: ")
+    return stopped(capsys, cli.PROG, call, *args)
 
 
 def test_only_rank_0_of_the_first_launch_prints_a_wrong_option(capsys, monkeypatch):

@@ -4,19 +4,13 @@ refuses before the process group starts, in one line naming the fix."""
 import pytest
 
 from multigpu.snapshot import cli
+from tests.ddp.refusals import stopped
 
 PROG = "torchrun --standalone --nproc-per-node=N -m multigpu.snapshot"
 
 
 def _stopped(capsys, call, *args):
-    """The one line a check prints as it stops the script with exit status 2."""
-    with pytest.raises(SystemExit) as caught:
-        call(*args)
-    assert caught.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1, lines  # no usage: one line
-    assert lines[0].startswith(f"{PROG}: error: ")
-    return lines[0].removeprefix(f"{PROG}: error: ")
+    return stopped(capsys, PROG, call, *args)
 
 
 @pytest.mark.parametrize(

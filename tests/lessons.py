@@ -3,8 +3,9 @@ lesson notebook, in the series' order.
 
 A row names the notebook, the package code it teaches (``code``: paths under
 ``src/multigpu/``), the modules of ``src/multigpu/ranks/`` its notebooks and checkers
-start (``ranks``) and the modules of ``src/multigpu/exercises/`` its exercises call
-(``checkers``). A lesson that has no rank module or no checker says so with
+start (``ranks``), the modules of ``src/multigpu/exercises/`` its exercises call
+(``checkers``) and the package's functions whose source would answer an exercise
+(``answers``). A lesson that has no rank module or no checker says so with
 ``Without("why")``; the checklist then checks that its notebooks really use none.
 
 ``tests/test_lesson_checklist.py`` reads this table and fails, naming each missing
@@ -31,6 +32,9 @@ class Lesson:
     code: tuple[str, ...]  # what it teaches, under src/multigpu/: "ddp/", "syncbn.py"
     ranks: tuple[str, ...] | Without  # modules of src/multigpu/ranks/ it starts
     checkers: tuple[str, ...] | Without  # modules of src/multigpu/exercises/
+    # the functions and classes whose source would answer one of its exercises; no
+    # code cell of the lesson may print it (tests/test_lessons_hide_answers.py)
+    answers: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -42,13 +46,20 @@ IN_PROCESS = Without("it computes in the notebook's own process and starts no ra
 BY_HAND = Without("its exercises are predictions checked by running the notebook")
 
 LESSONS = (
-    Lesson("00_devices", ("core/devices.py",), IN_PROCESS, ("devices",)),
+    Lesson(
+        "00_devices",
+        ("core/devices.py",),
+        IN_PROCESS,
+        ("devices",),
+        ("visible_gpus", "parse_visible_devices"),
+    ),
     Lesson("01_single_device_baseline", ("core/",), IN_PROCESS, BY_HAND),
     Lesson(
         "02_dataparallel_under_the_hood",
         ("dataparallel/",),
         IN_PROCESS,
         ("dataparallel",),
+        ("scatter", "scatter_sizes"),
     ),
     Lesson("03_pitfall_device_ids", ("dataparallel/",), IN_PROCESS, BY_HAND),
     Lesson("04_pitfall_uneven_last_batch", ("dataparallel/",), IN_PROCESS, BY_HAND),
@@ -64,56 +75,105 @@ LESSONS = (
         ("collectives.py",),
         ("collectives",),
         ("collectives",),
+        ("ring_all_reduce", "pipelined_reduce_scatter"),
     ),
     Lesson(
         "08_allreduce_sgd",
         ("allreduce_sgd.py",),
         ("allreduce_sgd",),
         ("allreduce_sgd",),
+        ("sgd_step",),
     ),
-    Lesson("09_ddp_torchrun", ("ddp/",), ("ddp", "ddp_pitfalls"), ("ddp_evaluation",)),
+    Lesson(
+        "09_ddp_torchrun",
+        ("ddp/",),
+        ("ddp", "ddp_pitfalls"),
+        ("ddp_evaluation",),
+        ("evaluate_distributed",),
+    ),
     Lesson(
         "09b_ddp_in_practice",
         ("ddp/", "syncbn.py"),
         ("ddp", "ddp_exercises", "torchrun_example"),
         ("ddp", "syncbn"),
+        ("save_on_main", "resume", "accumulate", "combine_statistics"),
     ),
-    Lesson("10_ddp_by_hand", ("miniddp/",), ("miniddp",), ("miniddp",)),
+    Lesson(
+        "10_ddp_by_hand", ("miniddp/",), ("miniddp",), ("miniddp",), ("BucketedDDP",)
+    ),
     Lesson(
         "11_fault_tolerance",
         ("snapshot/", "faults/"),
         ("snapshot", "snapshot_exercises", "faults"),
         ("snapshot",),
+        ("save_snapshot", "load_snapshot"),
     ),
     Lesson(
         "12_scaling_cost_model",
         ("costmodel/", "horovod_api/"),
         ("scaling", "horovod_api"),
         ("scaling", "horovod_api"),
+        ("fit_alpha_beta",),
     ),
-    Lesson("13_sharding_zero_fsdp", ("zero/",), ("zero", "dtensor"), ("zero",)),
-    Lesson("14_fsdp_by_hand", ("fsdp/",), ("fsdp",), ("fsdp",)),
     Lesson(
-        "14b_fsdp2_in_practice", ("fsdp2/",), ("fsdp2", "fsdp2_exercises"), ("fsdp2",)
+        "13_sharding_zero_fsdp",
+        ("zero/",),
+        ("zero", "dtensor"),
+        ("zero",),
+        ("zero2_step", "fully_shard_model", "fsdp2_rank", "fsdp2_load_rank"),
+    ),
+    Lesson(
+        "14_fsdp_by_hand",
+        ("fsdp/",),
+        ("fsdp",),
+        ("fsdp",),
+        ("UnitHooks", "pre_forward", "post_forward", "pre_backward", "post_backward"),
+    ),
+    Lesson(
+        "14b_fsdp2_in_practice",
+        ("fsdp2/",),
+        ("fsdp2", "fsdp2_exercises"),
+        ("fsdp2",),
+        ("train_steps", "build_on_meta", "shard_blocks"),
     ),
     Lesson(
         "15_tensor_and_sequence_parallel",
         ("tensor_parallel/",),
         ("tensor_parallel",),
         ("tensor_parallel", "tensor_parallel_plan"),
+        (
+            "CopyToTensorParallel",
+            "ReduceFromTensorParallel",
+            "row_parallel_linear",
+            "RowParallelLinear",
+            "VocabParallelCrossEntropy",
+            "vocab_parallel_token_losses",
+            "vocab_parallel_cross_entropy",
+            "block_plan",
+            "parallelize_block",
+            "parallelize_2d",
+        ),
     ),
-    Lesson("16_pipeline_parallel", ("pipeline/",), ("pipeline",), ("pipeline",)),
+    Lesson(
+        "16_pipeline_parallel",
+        ("pipeline/",),
+        ("pipeline",),
+        ("pipeline",),
+        ("one_f_one_b_actions",),
+    ),
     Lesson(
         "17_context_parallel",
         ("context_parallel/",),
         ("context_parallel",),
         ("context_parallel",),
+        ("merge_partials", "layout_chunks", "layout_positions", "causal_block_kind"),
     ),
     Lesson(
         "18_expert_parallel",
         ("expert_parallel/",),
         ("expert_parallel",),
         ("expert_parallel",),
+        ("dispatch", "combine"),
     ),
 )
 

@@ -38,7 +38,6 @@ class Repo:
     readme: str
     architecture: str
     instructors: str
-    answers: frozenset[str]  # the lessons in ANSWERS
     layers: tuple[frozenset[str], ...]  # the contract's lesson layers, top first
 
     @classmethod
@@ -49,7 +48,6 @@ class Repo:
             readme=text["README.md"],
             architecture=text["docs/architecture.md"],
             instructors=text["docs/instructors.md"],
-            answers=answers_map(text["tests/test_lessons_hide_answers.py"]),
             layers=contract_layers(text["pyproject.toml"]),
         )
 
@@ -66,16 +64,16 @@ FILES = (
     "README.md",
     "docs/architecture.md",
     "docs/instructors.md",
-    "tests/test_lessons_hide_answers.py",
     "pyproject.toml",
 )
 
 
-def answers_map(source: str) -> frozenset[str]:
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "ANSWERS":
-            return frozenset(ast.literal_eval(node.value))
-    raise AssertionError("tests/test_lessons_hide_answers.py defines no ANSWERS dict")
+@functools.cache
+def defined_in_package(root: Path, name: str) -> bool:
+    """Does some module of src/multigpu define a function or class ``name``?"""
+    pattern = re.compile(rf"^\s*(?:async def|def|class) {re.escape(name)}\b", re.M)
+    files = (root / "src" / "multigpu").rglob("*.py")
+    return any(pattern.search(path.read_text(encoding="utf-8")) for path in files)
 
 
 def contract_layers(pyproject: str) -> tuple[frozenset[str], ...]:
@@ -350,11 +348,12 @@ def contract_and_docs_pieces(
             )
     missing += readme_pieces(lesson, repo)
     missing += instructor_pieces(lesson, repo)
-    if isinstance(lesson.checkers, tuple) and lesson.notebook not in repo.answers:
+    if isinstance(lesson.checkers, tuple) and not lesson.answers:
         missing.append(
-            f"answers map: ANSWERS in tests/test_lessons_hide_answers.py has no "
-            f"entry {lesson.notebook!r}"
+            f"answers: the row of {lesson.notebook} in tests/lessons.py names no "
+            "function whose source answers its exercises"
         )
+
     return missing
 
 
@@ -535,9 +534,25 @@ def test_the_docs_lesson_order_is_the_contract(repo):
     )
 
 
-def test_the_answers_map_names_only_lessons(repo):
-    rows = {lesson.notebook for lesson in LESSONS}
-    assert sorted(repo.answers - rows) == [], "ANSWERS names no such lesson"
+def test_a_row_without_answers_or_with_an_unknown_one_is_named(repo):
+    missing = missing_pieces(replace(PIPELINE, answers=()), BEFORE, repo)
+    assert [line.split(":")[0] for line in missing] == ["answers"], missing
+    assert "16_pipeline_parallel" in missing[0]
+
+
+@pytest.mark.parametrize(
+    "lesson", [lesson for lesson in LESSONS if lesson.answers], ids=lambda x: x.number
+)
+def test_every_answer_a_row_names_is_defined_in_the_package(lesson):
+    unknown = [name for name in lesson.answers if not defined_in_package(ROOT, name)]
+    assert unknown == [], f"{lesson.notebook}'s answers name no function of src/"
+
+
+def test_defined_in_package_finds_functions_and_classes_only():
+    assert defined_in_package(ROOT, "one_f_one_b_actions")
+    assert defined_in_package(ROOT, "BucketedDDP")
+    assert not defined_in_package(ROOT, "no_such_function")
+    assert not defined_in_package(ROOT, "one_f_one_b")  # a prefix is no match
 
 
 # The checklist itself: each piece, taken away from a copy of the checkout, is named.
@@ -631,11 +646,6 @@ REMOVALS = {
         without_line("| 16 | pipeline"),
         "row 16",
     ),
-    "answers map": (
-        "tests/test_lessons_hide_answers.py",
-        without_line('"16_pipeline_parallel":'),
-        "16_pipeline_parallel",
-    ),
 }
 
 
@@ -686,7 +696,7 @@ def test_a_new_lesson_is_told_every_piece_it_lacks(repo):
     )
     missing = missing_pieces(new, LESSONS[-1], repo)
     pieces = {line.split(":")[0] for line in missing}
-    assert pieces == {*REMOVALS, "lesson code"}, missing
+    assert pieces == {*REMOVALS, "lesson code", "answers"}, missing
     assert all("99" in line or "lesson_to_come" in line for line in missing)
 
 

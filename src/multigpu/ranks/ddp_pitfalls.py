@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -92,17 +93,42 @@ def run_deprecated_launch(
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` ports the operating system has just found free on 127.0.0.1. Another
-    program may take one before it is used: ``launch.spawn`` avoids that race by
-    letting its store bind port 0 itself (09)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """``count`` ports found free on 127.0.0.1 just now. Another program may take one
+    before it is used: ``launch.spawn`` avoids that race by letting its store bind
+    port 0 itself (09). On Linux they are drawn below the range from which the system
+    gives ports to outgoing connections (``ip_local_port_range``), so that the
+    connections other programs open cannot take them; elsewhere, port 0 picks."""
+    low = _ephemeral_low()
+    draws = random.Random().sample(range(_FIRST_PORT, low), count) if low else []
+    ports: list[int] = []
+    for port in draws:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # taken: let the system pick this one
+                continue
+        ports.append(port)
+    sockets = [socket.socket() for _ in range(count - len(ports))]
     try:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        return ports + [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+_FIRST_PORT = 20000  # above the ports services usually listen on
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of Linux's ephemeral range, None where it cannot be read or
+    leaves no room below it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return low if low > _FIRST_PORT + 1000 else None
 
 
 def init_methods_rank(

@@ -26,9 +26,9 @@ SCRIPTS = sorted(
 COUNT = re.compile(r"^(\d+) of (\d+) checked cells identical$", re.MULTILINE)
 
 
-# Each script's main() with sys.argv ["bench/SCRIPT", "--help"], in one Python (one torch import, not one per
-# script): its exit code, stdout and stderr, as `python bench/SCRIPT --help` gives
-# them (argparse names the program after sys.argv[0]).
+# Each script's main() with sys.argv ["bench/SCRIPT", "--help"], all in one Python
+# (one torch import, not one per script): its exit code, stdout and stderr, as
+# `python bench/SCRIPT --help` gives them (argparse names it after sys.argv[0]).
 HELP_ALL = """
 import contextlib, io, json, runpy, sys, traceback
 done = {}

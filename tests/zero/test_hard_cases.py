@@ -74,12 +74,15 @@ def hard_runs(request):
             fsdp2_runs.append((models, X, y, CONFIG))
     X, y = hard_case_data()
     refused_keys, calls = [], []
-    for stage in FLAT_STAGES:
-        for case, _ in refusals_for("zero"):
-            refused_keys.append(("refused", stage, case.name))
-            models = per_rank_models(case.build, torch.float64, world_size)
-            run = (zero_ranks.stages_rank, [(stage, models, X, y, CONFIG)])
-            calls.append((refused_rank, run))
+    refused = [
+        (stage, case) for stage in FLAT_STAGES for case, _ in refusals_for("zero")
+    ]
+    refused += [("ZeRO-3", case) for case, _ in step_refusals("zero-3")]
+    for stage, case in refused:
+        refused_keys.append(("refused", stage, case.name))
+        models = per_rank_models(case.build, torch.float64, world_size)
+        run = (zero_ranks.stages_rank, [(stage, models, X, y, CONFIG)])
+        calls.append((refused_rank, run))
     calls = [
         (zero_ranks.stages_rank, (runs,)),
         (zero_ranks.fsdp2_runs_rank, (fsdp2_runs,)),
@@ -157,7 +160,32 @@ def test_the_flat_stages_refuse_a_parameter_that_misses_some_steps(hard_runs):
                 assert refusal.words in message and "\n" not in message
 
 
-@pytest.mark.parametrize(("case", "refusal"), refusals_for("zero-3"), ids=case_id)
+def step_refusals(wrapper):
+    """The cases ``wrapper`` refuses in the step where the ranks first differ."""
+    return [(c, r) for c, r in refusals_for(wrapper) if r.when == "step"]
+
+
+def test_zero3_refuses_a_layer_some_ranks_skip_on_every_rank_in_that_step(hard_runs):
+    """The ranks compare which layer they move before each collective: a layer some
+    batches skip is named on every rank at once, none left waiting."""
+    _, results = hard_runs
+    assert step_refusals("zero-3"), "the registry has a case ZeRO-3 refuses in a step"
+    for case, refusal in step_refusals("zero-3"):
+        messages = [
+            r.get("refused", "") for r in results[("refused", "ZeRO-3", case.name)]
+        ]
+        assert all(
+            m.startswith("ValueError: ZeRO-3 by hand: the ranks are") for m in messages
+        )
+        assert all(refusal.words in m and "\n" not in m for m in messages), messages
+        assert len(set(messages)) == 1  # the same words on every rank
+
+
+@pytest.mark.parametrize(
+    ("case", "refusal"),
+    [(c, r) for c, r in refusals_for("zero-3") if r.when == "start"],
+    ids=case_id,
+)
 def test_zero3_refuses_what_it_cannot_shard_before_anything_is_sent(case, refusal):
     model = case.build()
     with pytest.raises(ValueError) as error:

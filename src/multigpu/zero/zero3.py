@@ -6,6 +6,13 @@ all-gathers it again in backward and reduce-scatters the gradient: a
 ``torch.autograd.Function`` (:class:`AllGatherLinear`) makes each of these steps one
 visible line. This is what FSDP does with hooks. :class:`Meter` counts what a rank
 sends and the gathered layers it holds.
+
+Every rank must move the same layer at the same moment: a layer that only some
+ranks' batches run would pair one rank's all-gather with another layer's on the
+next rank, and the ring would mix their weights without a word. So before each
+all-gather and reduce-scatter the ranks compare which layer and moment they are at
+(:func:`agree`, a few bytes, not counted by the meter) and refuse together,
+naming the layer, where they differ.
 """
 
 from __future__ import annotations
@@ -57,10 +64,15 @@ class ShardedLinear(nn.Module):
             requires_grad=linear.weight.requires_grad,
         )
         self.meter = meter
+        # its number and name among the model's layers, and theirs (shard_model)
+        self.index, self.name, self.names = 0, "the model", ["the model"]
 
-    def gather(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """All-gather the full buffer: (it, the weight (out, in), the bias (out,) or
-        None)."""
+    def gather(
+        self, moment: str = "forward"
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """All-gather the full buffer for ``moment`` (a key of :data:`MOMENTS`): (it,
+        the weight (out, in), the bias (out,) or None)."""
+        agree(self, moment)
         full = torch.empty(self.numel, dtype=self.shard.dtype)
         self.meter.bytes_sent += all_gather(full, self.shard.detach())
         self.meter.gathered(full)
@@ -89,7 +101,7 @@ class AllGatherLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
         layer = ctx.layer
-        full, weight, bias = layer.gather()  # all-gather again, for grad_x
+        full, weight, bias = layer.gather("backward")  # again, for grad_x
         grad_x = grad_out @ weight  # (B, in)
         layer.meter.freed(full)
         if not ctx.needs_input_grad[1]:  # a frozen layer: no gradient to send
@@ -98,9 +110,36 @@ class AllGatherLinear(torch.autograd.Function):
         if bias is not None:
             grad_full = torch.cat([grad_full, grad_out.sum(0)])  # and the bias's
         grad_shard = torch.empty_like(layer.shard)
+        agree(layer, "gradient")
         layer.meter.bytes_sent += reduce_scatter(grad_shard, grad_full)  # my chunk
         grad_shard /= dist.get_world_size()  # the mean over the ranks
         return grad_x, grad_shard, None
+
+
+MOMENTS = ("forward", "backward", "gradient", "state dict")
+
+
+def agree(layer: ShardedLinear, moment: str) -> None:
+    """Check that every rank is about to move ``layer``'s weights for ``moment``
+    (one of :data:`MOMENTS`); raise the same ValueError on every rank, naming where
+    each rank is, if not (13)."""
+    code = torch.tensor([layer.index * len(MOMENTS) + MOMENTS.index(moment)])
+    codes = [torch.zeros_like(code) for _ in range(dist.get_world_size())]
+    dist.all_gather(codes, code)
+    if len({int(c) for c in codes}) == 1:
+        return
+    where = ", ".join(
+        f"rank {rank}: {layer.names[int(c) // len(MOMENTS)]}'s "
+        f"{MOMENTS[int(c) % len(MOMENTS)]}"
+        for rank, c in enumerate(codes)
+    )
+    raise ValueError(
+        f"ZeRO-3 by hand: the ranks are at different layers ({where}): a layer that "
+        "some ranks' batches run and others' skip cannot be sharded, since its "
+        "all-gathers would meet another layer's on the ranks that skip it. Run the "
+        "layer on every batch (masking its output), or train with DDP, ZeRO-1 or "
+        "ZeRO-2."
+    )
 
 
 def shard_model(model: nn.Module, meter: Meter) -> nn.Module:
@@ -108,16 +147,20 @@ def shard_model(model: nn.Module, meter: Meter) -> nn.Module:
     :class:`ShardedLinear` holding this rank's chunk (13). Buffers and parameter-free
     modules stay as they are. Refused, before anything is sent: a parameter outside
     an ``nn.Linear``, a weight tied between two layers, a layer half frozen. A layer
-    unused in forward is supported only if no rank uses it (its collectives would
-    otherwise wait for ranks that never send)."""
+    unused in forward is supported only if no rank uses it; one that some ranks'
+    batches run and others' skip is refused in the step where they differ, on every
+    rank (:func:`agree`)."""
     check_shardable(model)
     model = copy.deepcopy(model)
     if isinstance(model, nn.Linear):
         return ShardedLinear(model, meter)
-    for name, layer in list(model.named_modules()):
-        if isinstance(layer, nn.Linear):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, ShardedLinear(layer, meter))
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    names = [name for name, _ in linears]
+    for index, (name, layer) in enumerate(linears):
+        sharded = ShardedLinear(layer, meter)
+        sharded.index, sharded.name, sharded.names = index, name, names
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, sharded)
     return model
 
 
@@ -162,7 +205,7 @@ def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         if not isinstance(layer, ShardedLinear):
             state[name] = tensor.detach().clone()  # a buffer: the same on every rank
             continue
-        full, weight, bias = layer.gather()
+        full, weight, bias = layer.gather("state dict")
         layer.meter.freed(full)
         key = f"{prefix}." if prefix else ""
         state[f"{key}weight"] = weight

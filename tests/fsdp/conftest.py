@@ -18,6 +18,8 @@ from tests.hard_cases import (
     cases_for,
     hard_case_data,
     hard_case_model,
+    refusals_for,
+    refused_rank,
     unread_parameter_model,
 )
 from tests.ranks_fsdp import refused_messages_rank
@@ -26,6 +28,8 @@ CONFIG = TrainConfig(epochs=2, batch_size=12, lr=0.05)  # 41 samples: 6 steps
 STEPS = 6
 TIMEOUT = 240.0  # the machine may be shared; a hang fails instead of waiting
 HARD_CASES = cases_for("fsdp")
+STEP_REFUSALS = [(c, r) for c, r in refusals_for("fsdp") if r.when == "step"]
+REFUSAL_OPTIONS = ({"depth": 0}, {"depth": 2, "reshard_after_forward": False})
 UNREAD_SAMPLES = 36  # every rank of 2 or 3 gets as many: the mean of means is exact
 MLP_SIZES = (6, 16, 16, 16, 16, 3)  # 5 units of 112, 272, 272, 272, 51
 SETTINGS = {  # name: FSDPByHand options, on the MLP in float32
@@ -78,6 +82,13 @@ def fsdp_runs(request):
     runs.append((model, X, y, CONFIG, bf16))
     X36, y36 = hard_case_data(UNREAD_SAMPLES, dtype=torch.float64)
     unread = (unread_parameter_model(), X36, y36, CONFIG.lr)
+    X64, y64 = hard_case_data(dtype=torch.float64)
+    refusals = [  # refused in the step where the ranks first differ
+        (refused_rank, (fsdp_ranks.fsdp_runs_rank, [(models, X64, y64, CONFIG, o)]))
+        for case, _ in STEP_REFUSALS
+        for models in [per_rank(case.build, torch.float64, world_size)]
+        for o in REFUSAL_OPTIONS
+    ]
     calls = [
         (fsdp_ranks.fsdp_runs_rank, (runs,)),
         (fsdp_ranks.fsdp2_mixed_runs_rank, ([(model, X, y, CONFIG)],)),
@@ -87,9 +98,13 @@ def fsdp_runs(request):
             (gather_parameters, reduce_gradient, CAST_NUMEL),
         ),
         (unread_parameter_rank, unread),
+        *refusals,
     ]
     results = spawn(in_one_launch, world_size, calls, timeout=TIMEOUT)
     histories = {key: [r[0][i] for r in results] for i, key in enumerate(keys)}
     histories["FSDP2 bf16"] = [r[1][0] for r in results]
     histories["unread parameter"] = [r[4] for r in results]
+    pairs = [(c.name, o["depth"]) for c, _ in STEP_REFUSALS for o in REFUSAL_OPTIONS]
+    for i, (name, depth) in enumerate(pairs):
+        histories[("refused", name, depth)] = [r[5 + i] for r in results]
     return world_size, histories, [(r[2], r[3]) for r in results]

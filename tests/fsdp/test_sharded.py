@@ -25,7 +25,9 @@ from tests.fsdp import ranks
 from tests.fsdp.conftest import (
     CONFIG,
     HARD_CASES,
+    REFUSAL_OPTIONS,
     SETTINGS,
+    STEP_REFUSALS,
     STEPS,
     TIMEOUT,
     UNREAD_SAMPLES,
@@ -199,6 +201,24 @@ def test_a_parameter_no_forward_reads_keeps_grad_none(fsdp_runs):
         assert fsdp2 == none
         assert difference(weights, reference, list(reference)) <= 1e-12
         assert torch.equal(weights["block.spare.weight"], start.block.spare.weight)
+
+
+def test_a_unit_some_ranks_skip_is_refused_by_name_on_every_rank(fsdp_runs):
+    """The ranks compare which unit they move before each collective, on the
+    collective stream: with or without prefetching, the unit is named on every
+    rank at once and no rank is left waiting (the launch returned)."""
+    _, histories, _ = fsdp_runs
+    assert STEP_REFUSALS, "the registry has a case FSDP by hand refuses in a step"
+    for case, refusal in STEP_REFUSALS:
+        for options in REFUSAL_OPTIONS:
+            results = histories[("refused", case.name, options["depth"])]
+            messages = [r.get("refused", "") for r in results]
+            assert all(
+                m.startswith("ValueError: FSDP by hand: the ranks are")
+                for m in messages
+            ), messages
+            assert all(refusal.words in m and "\n" not in m for m in messages)
+            assert len(set(messages)) == 1  # the same words on every rank
 
 
 def test_bf16_is_bounded_from_one_process_and_matches_fsdp2(fsdp_runs):

@@ -33,3 +33,18 @@ def test_an_error_in_the_thread_is_raised_by_wait():
     with pytest.raises(ZeroDivisionError):
         handle.wait()
     stream.pool.shutdown()
+
+
+def test_after_a_failed_collective_the_later_ones_fail_alike_without_running():
+    """Once the ranks' collectives no longer pair up, running the next one would
+    wait forever: it raises the first error instead."""
+    stream = CommStream()
+    ran = []
+    first = stream.submit("all-gather", "a", lambda: 1 / 0)
+    later = stream.submit("all-gather", "b", lambda: ran.append("b"))
+    with pytest.raises(ZeroDivisionError):
+        first.wait()
+    with pytest.raises(ZeroDivisionError):
+        later.wait()
+    assert ran == []
+    stream.pool.shutdown()

@@ -40,7 +40,7 @@ from multigpu.fsdp.prefetch import issue_with_prefetch
 from multigpu.fsdp.stream import CommStream, Handle
 from multigpu.fsdp.units import FlatUnit, plan_units
 from multigpu.miniddp.timeline import TimelineEvent
-from multigpu.zero import Meter
+from multigpu.zero import Meter, agree_on
 
 PrefetchFunction = Callable[..., None]  # (wrapper, order, position) -> None
 GatherFunction = Callable[[torch.Tensor, torch.Tensor], int]  # (shard, full)
@@ -57,10 +57,11 @@ class FSDPByHand(nn.Module):
     the three functions the notebook's exercises ask for. ``shards``: this
     rank's piece of each trainable parameter, for the optimizer. Every rank must
     pass the same model (e.g. after ``broadcast_from_rank0``) and the same
-    arguments, and run the same units in forward: a unit that only some ranks run
-    would leave the others waiting in its collectives (the launcher's timeout ends
-    that); and read the same parameters, as FSDP2 asks: a parameter no forward read
-    on this rank gets no gradient on this rank.
+    arguments, and run the same units in forward: before each all-gather and
+    reduce-scatter the ranks compare which unit they move (:meth:`agree`), and a
+    unit that only some ranks run is refused by name on every rank; and read the
+    same parameters, as FSDP2 asks: a parameter no forward read on this rank gets no
+    gradient on this rank.
     """
 
     def __init__(
@@ -128,10 +129,19 @@ class FSDPByHand(nn.Module):
             unit.gathered_at = self.stream.now()
 
             def work() -> None:
+                self.agree(unit, "all-gather")
                 self.meter.bytes_sent += self.gather(unit.shard, unit.writer)
 
             unit.handle = self.stream.submit("all-gather", unit.name, work)
         return unit.handle
+
+    def agree(self, unit: FlatUnit, collective: str) -> None:
+        """On the stream, before ``unit``'s ``collective``: raise the same
+        ValueError on every rank if the ranks are about to move different units (a
+        unit some ranks' batches skip), instead of pairing two units' collectives."""
+        labels = [f"{u.name}'s {c}" for u in self.units for c in _COLLECTIVES]
+        code = unit.index * len(_COLLECTIVES) + _COLLECTIVES.index(collective)
+        agree_on(code, labels, "FSDP by hand", "unit", "DDP")
 
     def free(self, unit: FlatUnit) -> None:
         """Give the gathered buffer's memory back; the shard stays."""
@@ -223,6 +233,7 @@ class FSDPByHand(nn.Module):
             self.free(unit)
 
             def work() -> torch.Tensor:
+                self.agree(unit, "reduce-scatter")
                 shard_grad = torch.empty_like(unit.shard)  # master dtype
                 self.meter.bytes_sent += self.reduce(grad, shard_grad)
                 return shard_grad
@@ -308,6 +319,9 @@ class FSDPByHand(nn.Module):
         gathered = [u.full for u in self.units if u.handle is not None]
         frozen = list(self.module.parameters())
         return any(address == t.untyped_storage().data_ptr() for t in gathered + frozen)
+
+
+_COLLECTIVES = ("all-gather", "reduce-scatter")
 
 
 def _tensors(value) -> list[torch.Tensor]:

@@ -46,16 +46,24 @@ class CommStream:
         self.t0 = time.perf_counter()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comm")
         self.pending: list[Handle] = []
+        self.failed: BaseException | None = None  # the first collective that failed
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
     def submit(self, lane: str, name: str, work: Callable[[], object]) -> Handle:
-        """Queue ``work()`` (a collective) and return its handle without waiting."""
+        """Queue ``work()`` (a collective) and return its handle without waiting.
+        Once one has failed, the later ones raise its error without running."""
 
         def run() -> object:
+            if self.failed is not None:  # the ranks' collectives no longer pair up
+                raise self.failed
             start = self.now()
-            result = work()
+            try:
+                result = work()
+            except BaseException as error:
+                self.failed = error  # every later collective fails the same way
+                raise
             if self.record:
                 self.events.append(TimelineEvent(lane, name, start, self.now()))
             return result

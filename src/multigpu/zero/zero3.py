@@ -18,6 +18,7 @@ naming the layer, where they differ.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -123,22 +124,28 @@ def agree(layer: ShardedLinear, moment: str) -> None:
     """Check that every rank is about to move ``layer``'s weights for ``moment``
     (one of :data:`MOMENTS`); raise the same ValueError on every rank, naming where
     each rank is, if not (13)."""
-    code = torch.tensor([layer.index * len(MOMENTS) + MOMENTS.index(moment)])
-    codes = [torch.zeros_like(code) for _ in range(dist.get_world_size())]
-    dist.all_gather(codes, code)
+    labels = [f"{name}'s {when}" for name in layer.names for when in MOMENTS]
+    code = layer.index * len(MOMENTS) + MOMENTS.index(moment)
+    agree_on(code, labels, "ZeRO-3 by hand", "layer", "DDP, ZeRO-1 or ZeRO-2")
+
+
+def agree_on(code: int, labels: Sequence[str], who: str, part: str, instead: str):
+    """Every rank passes the ``code`` of the place it is at (``labels[code]`` says
+    it in words, e.g. "head's forward"); all-gather them (a few bytes) and, where
+    they differ, raise the same one-line ValueError on every rank, naming each
+    rank's place, the ``part`` (layer, unit) that caused it and the wrappers to
+    use ``instead`` (13, 14)."""
+    mine = torch.tensor([code])
+    codes = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(codes, mine)
     if len({int(c) for c in codes}) == 1:
         return
-    where = ", ".join(
-        f"rank {rank}: {layer.names[int(c) // len(MOMENTS)]}'s "
-        f"{MOMENTS[int(c) % len(MOMENTS)]}"
-        for rank, c in enumerate(codes)
-    )
+    where = ", ".join(f"rank {r}: {labels[int(c)]}" for r, c in enumerate(codes))
     raise ValueError(
-        f"ZeRO-3 by hand: the ranks are at different layers ({where}): a layer that "
-        "some ranks' batches run and others' skip cannot be sharded, since its "
-        "all-gathers would meet another layer's on the ranks that skip it. Run the "
-        "layer on every batch (masking its output), or train with DDP, ZeRO-1 or "
-        "ZeRO-2."
+        f"{who}: the ranks are at different {part}s ({where}): a {part} that some "
+        f"ranks' batches run and others' skip cannot be sharded, since its "
+        f"all-gathers would meet another {part}'s on the ranks that skip it. Run the "
+        f"{part} on every batch (masking its output), or train with {instead}."
     )
 
 

@@ -18,11 +18,11 @@ def test_free_ports_are_distinct_ports():
 
 
 def test_free_ports_lie_below_the_ports_outgoing_connections_get():
-    low = ddp_pitfalls._ephemeral_low()
+    low = ddp_pitfalls.ephemeral_start()
     if low is None:
         pytest.skip("no Linux ephemeral port range to stay below on this machine")
     ports = ddp_pitfalls.free_ports(4)
-    assert all(ddp_pitfalls._FIRST_PORT <= port < low for port in ports), ports
+    assert all(ddp_pitfalls.FIRST_FREE_PORT <= port < low for port in ports), ports
 
 
 def test_a_port_taken_meanwhile_is_replaced_by_a_free_one(monkeypatch):
@@ -30,8 +30,8 @@ def test_a_port_taken_meanwhile_is_replaced_by_a_free_one(monkeypatch):
         taken.bind(("127.0.0.1", 0))
         busy = taken.getsockname()[1]
         taken.listen()
-        monkeypatch.setattr(ddp_pitfalls, "_ephemeral_low", lambda: busy + 1)
-        monkeypatch.setattr(ddp_pitfalls, "_FIRST_PORT", busy)
+        monkeypatch.setattr(ddp_pitfalls, "ephemeral_start", lambda: busy + 1)
+        monkeypatch.setattr(ddp_pitfalls, "FIRST_FREE_PORT", busy)
         ports = ddp_pitfalls.free_ports(1)  # the only draw is the busy port
     assert ports != [busy] and len(ports) == 1
 

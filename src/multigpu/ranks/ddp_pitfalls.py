@@ -98,8 +98,8 @@ def free_ports(count: int) -> list[int]:
     port 0 itself (09). On Linux they are drawn below the range from which the system
     gives ports to outgoing connections (``ip_local_port_range``), so that the
     connections other programs open cannot take them; elsewhere, port 0 picks."""
-    low = _ephemeral_low()
-    draws = random.Random().sample(range(_FIRST_PORT, low), count) if low else []
+    low = ephemeral_start()
+    draws = random.Random().sample(range(FIRST_FREE_PORT, low), count) if low else []
     ports: list[int] = []
     for port in draws:
         with socket.socket() as sock:
@@ -118,17 +118,18 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-_FIRST_PORT = 20000  # above the ports services usually listen on
+FIRST_FREE_PORT = 20000  # above the ports services usually listen on
 
 
-def _ephemeral_low() -> int | None:
-    """The first port of Linux's ephemeral range, None where it cannot be read or
-    leaves no room below it."""
+def ephemeral_start() -> int | None:
+    """The first port of Linux's ephemeral range, from which the system gives ports
+    to outgoing connections; None where it cannot be read or leaves no room below
+    it (09)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return low if low > _FIRST_PORT + 1000 else None
+    return low if low > FIRST_FREE_PORT + 1000 else None
 
 
 def init_methods_rank(

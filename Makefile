@@ -46,9 +46,13 @@ setup: $(STAMP) $(LAB_OVERRIDES)
 # pip compiles every installed file to bytecode one at a time; compileall does it on
 # every core (set-up on a fresh clone, 2 cores: 77 s -> 58 s). Like pip, it skips a
 # file that does not compile (torch ships one written for Python 3.12): `|| true`.
+# torch first: on Linux without an NVIDIA GPU, PyTorch's CPU build (190 MB) when its
+# index answers within 5 s, else PyPI's wheel (5.5 GB with its CUDA packages), said
+# in one line; TORCH=cpu or TORCH=pypi forces either, on a new .venv (docs/gpu.md).
 $(STAMP): constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python src/multigpu/doctor/torch_build.py constraints.txt
 	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
@@ -66,6 +70,25 @@ lab: $(STAMP) $(LAB_OVERRIDES)
 # The participant's machine check, a week before the workshop (docs/instructors.md).
 doctor: $(STAMP)
 	$(BIN)/python -m multigpu.doctor
+
+# The GPU path in one step (docs/gpu.md): the GPU-marked tests, the lessons' GPU
+# cells, nccl, DDP on 1 and 2 GPUs, torchrun with the GPUs' utilisation; a report to
+# stdout and $(GPU_REPORT). Without a GPU: one line and what it would run, exit 0.
+# `make gpu-check PYTHON=python3` uses that Python (torch and pytest installed)
+# with PYTHONPATH=src instead of setting up .venv.
+GPU_REPORT ?= build/gpu-check.txt
+ifeq ($(filter command line environment override,$(origin PYTHON)),)
+GPU_PYTHON := $(BIN)/python
+GPU_NEEDS := $(STAMP)
+else
+GPU_PYTHON := $(PYTHON)
+GPU_NEEDS :=
+endif
+
+.PHONY: gpu-check
+gpu-check: $(GPU_NEEDS)
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m multigpu.doctor \
+		--gpu --report $(GPU_REPORT)
 
 test: lint
 	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"

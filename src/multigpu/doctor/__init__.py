@@ -7,16 +7,18 @@ Run it in the repository once ``make lab`` has set up ``.venv`` (``make doctor``
     .venv/bin/python -m multigpu.doctor --quick --json  # the results as JSON
 
 Each line is one check, ✓ (passed), ! (a warning: the course runs, slower or with
-a caveat) or ✗ (failed: something the notebooks need), with what it measured and,
-under it, the one thing to do, chosen after the cause is known. The checks: Python
-and the packages pinned in ``constraints.txt``, each imported in a child process;
-the Jupyter kernel; the folders JupyterLab writes; free disk and memory; the CPU
-cores; the host names torchrun and gloo resolve; a connection to 127.0.0.1, a free
-port and 29500; ``USE_LIBUV`` (Windows only); CUDA GPUs and NCCL; gloo launches of
-2 and 4 ranks through :func:`multigpu.runtime.launch.spawn`; a 2-rank
-``torchrun --standalone`` job. What the ranks write to stderr goes to a log file the
-report names. The last line is a summary to paste into a chat; it and ``--json``
-always come out. The exit status is 1 when a check failed, else 0.
+a caveat) or ✗ (failed: something the notebooks need), with what it measured and
+the one thing to do. The checks: Python and the packages of ``constraints.txt``,
+each imported in a child process; the Jupyter kernel and the folders JupyterLab
+writes; disk, memory and cores; the host names torchrun and gloo resolve;
+127.0.0.1, a free port and 29500; ``USE_LIBUV`` (Windows only); the torch build
+(``torch_build``, which also chooses it for ``make lab``); CUDA GPUs and NCCL;
+gloo launches of 2 and 4 ranks through :func:`multigpu.runtime.launch.spawn`; a
+2-rank ``torchrun --standalone`` job. The ranks' stderr goes to a log file the
+report names. The last line is a summary to paste into a chat. Exit status 1 when
+a check failed. ``--gpu`` (``make gpu-check``) checks the GPU path instead:
+``gpu_check`` runs ``gpu_items`` (GPU tests, the lessons' GPU cells through
+``notebook_cells``, the measurements of ``gpu_measure``) (docs/gpu.md).
 
 Files: ``result`` (one check's result and its printing), ``environment``,
 ``imports``, ``lab_folders``, ``machine``, ``network``, ``gpus``, ``launches`` (the

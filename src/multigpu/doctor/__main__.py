@@ -1,4 +1,5 @@
-"""Entry point: ``python -m multigpu.doctor [--quick] [--json]`` (``make doctor``)."""
+"""Entry point: ``python -m multigpu.doctor [--quick] [--json]`` (``make doctor``),
+``python -m multigpu.doctor --gpu`` (``make gpu-check``)."""
 
 from multigpu.doctor.report import main
 

@@ -36,6 +36,7 @@ from multigpu.doctor.result import (
     marks_for,
     summary_line,
 )
+from multigpu.doctor.torch_build import check_torch_build
 
 Check = Callable[[], "CheckResult | None"]
 QUICK_CHECKS: tuple[Check, ...] = (
@@ -49,6 +50,7 @@ QUICK_CHECKS: tuple[Check, ...] = (
     check_host_name,
     check_ports,
     check_libuv,
+    check_torch_build,
     check_gpus,
 )
 # torchrun starts first, in a thread, and runs while the checks above and gloo's
@@ -144,7 +146,8 @@ def run_checks(checks: Sequence[Check], out: TextIO | None = None) -> list[Check
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """``python -m multigpu.doctor [--quick] [--json]``: 1 if a needed check
-    failed, else 0 (warnings do not fail)."""
+    failed, else 0 (warnings do not fail); ``--gpu [--report PATH]``: the GPU
+    check of :mod:`multigpu.doctor.gpu_check` instead."""
     parser = argparse.ArgumentParser(
         prog="python -m multigpu.doctor",
         description="Check this machine for the multigpu workshop.",
@@ -153,7 +156,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         "--quick", action="store_true", help="skip the launches (gloo, torchrun)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the GPU path instead (make gpu-check): GPU tests, GPU cells, nccl",
+    )
+    parser.add_argument(
+        "--report", metavar="PATH", help="--gpu: where the report goes too"
+    )
     options = parser.parse_args(argv)
+    if options.gpu:
+        from multigpu.doctor.gpu_check import main as gpu_check
+
+        return gpu_check(options.report, out)
     out = sys.stdout if out is None else out
     start = time.monotonic()
     with stderr_to_log() as log, ThreadPoolExecutor(max_workers=1) as pool:

@@ -24,7 +24,7 @@ STREAMS ?= 5
 # shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers and
 # the sharding wrappers, and the rest.
 WAITING_TESTS := tests/faults tests/ddp tests/snapshot
-WAITING_TESTS_2 := tests/runtime tests/doctor
+WAITING_TESTS_2 := tests/runtime tests/doctor tests/gpu
 SHARDING_TESTS := tests/exercises tests/zero tests/fsdp tests/fsdp2
 PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-sharding pytest-rest
 # The lessons in two parts, 00-10 and 11 on, both with their re-run and without CPU

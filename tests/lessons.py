@@ -187,4 +187,7 @@ NOT_LESSONS = {
     "doctor/": "python -m multigpu.doctor, the participant's machine check",
 }
 # Rank modules no lesson starts.
-RANKS_OF_NO_LESSON = {"doctor": "the real launches of python -m multigpu.doctor"}
+RANKS_OF_NO_LESSON = {
+    "doctor": "the real launches of python -m multigpu.doctor",
+    "gpu_check": "the GPU launches of make gpu-check (python -m multigpu.doctor --gpu)",
+}

@@ -11,7 +11,7 @@ from multigpu.doctor.torch_build import CPU_INDEX, read_pins
 from multigpu.runtime.launch import notebook_gpus
 
 ROOT = project_root()
-CLONE = "git clone --depth 1 https://github.com/OWNER/multigpu.git"
+CLONE = "git clone --depth 1 https://github.com/<owner>/multigpu.git"
 SMI = "nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv -l 1"
 CONDA = f"PIP_EXTRA_INDEX_URL={CPU_INDEX} conda env create -f environment.yml"
 DDP = (

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch import nn
 
 from multigpu.core.batches import per_rank_batch_size
-from multigpu.core.devices import choose_backend
 from multigpu.core.train import History, TrainConfig
 from multigpu.ddp.agreement import AGREE, WeightsDifferError, check_same_weights
 from multigpu.ddp.cli import build_model, speaks_for_the_run
@@ -108,14 +107,9 @@ def _run(
 
 def join_group(backend: str, timeout: float) -> tuple[RankEnv, torch.device]:
     """:func:`multigpu.runtime.rank.setup`, with collectives that give up after
-    ``timeout`` seconds (11). gloo's group is joined here with that timeout (which
-    also bounds the ranks' meeting); nccl's by ``setup``, after it has picked this
-    rank's GPU, and then given the timeout."""
-    if (choose_backend() if backend == "auto" else backend) == "gloo":
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
-    env, device = setup(backend)
-    dist.set_timeout(timedelta(seconds=timeout))
-    return env, device
+    ``timeout`` seconds (11), which also bound the ranks' meeting; nccl's group is
+    joined after ``setup`` has picked this rank's GPU."""
+    return setup(backend, timeout=timedelta(seconds=timeout))
 
 
 def start_training(

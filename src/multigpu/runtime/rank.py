@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -66,12 +67,15 @@ def rank_table() -> list[dict[str, str]]:
     return sorted(rows, key=lambda row: int(row["RANK"]))
 
 
-def setup(backend: str = "auto") -> tuple[RankEnv, torch.device]:
+def setup(
+    backend: str = "auto", timeout: timedelta | None = None
+) -> tuple[RankEnv, torch.device]:
     """Join the process group torchrun prepared; return (who I am, my device) (09).
 
     ``backend="auto"``: gloo on CPU, nccl when GPUs are visible (one per rank, chosen
     by ``LOCAL_RANK`` and set with ``torch.cuda.set_device`` before anything else
-    touches CUDA, so that no rank creates a context on GPU 0).
+    touches CUDA, so that no rank creates a context on GPU 0). ``timeout`` bounds
+    the meeting and every collective (None: PyTorch's default).
     """
     env = read_rank_env()
     backend = choose_backend() if backend == "auto" else backend
@@ -88,8 +92,8 @@ def setup(backend: str = "auto") -> tuple[RankEnv, torch.device]:
             )
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend)  # reads MASTER_ADDR/PORT, RANK, WORLD_SIZE
+    if not dist.is_initialized():  # reads MASTER_ADDR/PORT, RANK, WORLD_SIZE
+        dist.init_process_group(backend, timeout=timeout)
     return env, device
 
 

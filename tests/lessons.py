@@ -175,6 +175,25 @@ LESSONS = (
         ("expert_parallel",),
         ("dispatch", "combine"),
     ),
+    Lesson(
+        "19_four_d_parallel_gpt",
+        ("gpt4d/",),
+        ("gpt4d",),
+        ("gpt4d",),
+        ("groups", "grid_problem", "train_4d"),
+    ),
+    Lesson(
+        "20_plan_a_cluster_job",
+        ("cluster/",),
+        ("cluster",),
+        ("cluster",),
+        (
+            "valid_grids",
+            "plan_configurations",
+            "fsdp_tp_collectives_per_step",
+            "fsdp2_collectives_per_step",
+        ),
+    ),
 )
 
 # What src/multigpu/ holds besides the lessons' code, and why it is no lesson's.

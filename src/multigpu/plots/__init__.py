@@ -4,12 +4,15 @@ buckets (10), the scaling model (12), what each rank of a ZeRO stage holds and
 DTensor's placements (13), a unit's life and the prefetch (14), HSDP's mesh (14b),
 tensor and sequence parallel's cuts and a 2-D mesh (15), pipeline schedules (16),
 ring attention's steps, its backward, the zig-zag and Ulysses layouts (17), the
-tokens' routing, the all-to-all's send table and the load per expert (18).
+tokens' routing, the all-to-all's send table and the load per expert (18), the rank
+grid and pipeline plans with their bubbles (19), the planner's configurations and
+the kinds of memory of a Llama-shaped step (20).
 
 Every plot_ function returns a matplotlib Figure; in a notebook it is shown once.
 One file per lesson family; ``from multigpu.plots import plot_x`` gives them all.
 """
 
+from multigpu.plots.cluster import plot_cluster_plans, plot_memory_kinds
 from multigpu.plots.collectives import plot_ring, ring_states
 from multigpu.plots.context_parallel import (
     plot_layouts,
@@ -31,6 +34,7 @@ from multigpu.plots.expert_parallel import (
 )
 from multigpu.plots.fsdp import plot_prefetch, plot_unit_life
 from multigpu.plots.fsdp2 import plot_hsdp_mesh
+from multigpu.plots.gpt4d import plot_grid, plot_pipeline_plans
 from multigpu.plots.pipeline import plot_bubble, plot_schedules
 from multigpu.plots.scaling import plot_alpha_beta_fit, plot_speedups
 from multigpu.plots.tensor_parallel import (
@@ -47,15 +51,19 @@ __all__ = [
     "plot_alpha_beta_fit",
     "plot_bubble",
     "plot_buckets",
+    "plot_cluster_plans",
     "plot_column_row_cut",
     "plot_dataparallel_flow",
+    "plot_grid",
     "plot_history",
     "plot_hsdp_mesh",
     "plot_layouts",
     "plot_load_balance",
     "plot_memory",
+    "plot_memory_kinds",
     "plot_mesh",
     "plot_overlap",
+    "plot_pipeline_plans",
     "plot_placements",
     "plot_prefetch",
     "plot_ring",

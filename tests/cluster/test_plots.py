@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 from multigpu.cluster.llama import LLAMA3_70B
 from multigpu.cluster.planner import plan_configurations
 from multigpu.core.sizes import GB
-from multigpu.plots.cluster import plot_memory_kinds, plot_cluster_plans
+from multigpu.plots.cluster import plot_cluster_plans, plot_memory_kinds
 
 
 def test_plot_plans_draws_every_plan_and_names_the_fastest():

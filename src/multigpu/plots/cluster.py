@@ -11,7 +11,9 @@ from matplotlib.figure import Figure
 PIPELINE_MARKERS = {1: "o", 2: "s", 4: "^", 8: "D"}  # by pp; others "x"
 
 
-def plot_cluster_plans(plans: Sequence, gpu_memory: float, label_best: int = 3) -> Figure:
+def plot_cluster_plans(
+    plans: Sequence, gpu_memory: float, label_best: int = 3
+) -> Figure:
     """Each configuration (a :class:`~multigpu.cluster.planner.Plan`) as a point:
     predicted GiB per GPU across, seconds per step up, coloured by tp, marked by
     pp; the GPU's memory as a dashed line; the ``label_best`` fastest named (20)."""

@@ -323,3 +323,39 @@ def test_a_childs_failure_is_one_line_the_course_wrote_where_there_is_one():
         "exit status 1: ValueError: bad"
     )
     assert gpu_items.failure_text(124, "") == "exit status 124: no error output"
+
+
+def test_the_4d_script_item_reads_the_scripts_own_verdict(monkeypatch):
+    import multigpu.runtime.launch as launch
+
+    started = []
+
+    def fake(stdout, status=0):
+        def run(module, ranks, *arguments, **options):
+            started.append((module, ranks, arguments))
+            return subprocess.CompletedProcess([], status, stdout, "")
+
+        return run
+
+    ok = (
+        "grid pp2 on 2 ranks, nccl, cuda\nstep 0: loss 6.8668\n"
+        "every rank equal to one process (max |diff| < 1e-10): True\n"
+    )
+    monkeypatch.setattr(launch, "run_torchrun", fake(ok))
+    (item,) = gpu_items.run_gpt4d(2, 60, ROOT)
+    assert item == Item(
+        "4-D GPT on nccl, 2 ranks",
+        OK,
+        "grid pp2 on 2 ranks, nccl, cuda; every rank equal to one process "
+        "(max |diff| < 1e-10): True",
+    )
+    assert started[-1] == (
+        "multigpu.gpt4d",
+        2,
+        ("--pp", "2", "--steps", "2", "--backend", "nccl"),
+    )
+    monkeypatch.setattr(launch, "run_torchrun", fake(ok.replace("True", "False")))
+    assert gpu_items.run_gpt4d(1, 60, ROOT)[0].status == FAIL
+    assert started[-1][1:] == (1, ("--steps", "2", "--backend", "nccl"))
+    monkeypatch.setattr(launch, "run_torchrun", fake("", status=1))
+    assert gpu_items.run_gpt4d(1, 60, ROOT)[0].status == FAIL

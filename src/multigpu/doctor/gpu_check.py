@@ -37,6 +37,7 @@ from multigpu.doctor.gpu_items import (
     run_all_reduce,
     run_ddp_steps,
     run_dp_memory,
+    run_gpt4d,
     run_notebooks,
     run_pytest,
     run_torchrun,
@@ -52,6 +53,7 @@ RUNNERS = (
     (run_all_reduce, 0.25),
     (run_ddp_steps, 0.35),
     (run_dp_memory, 0.3),
+    (run_gpt4d, 0.4),
     (run_torchrun, 0.9),
 )
 DEFAULT_REPORT = "build/gpu-check.txt"
@@ -82,6 +84,7 @@ def plan(root: Path) -> list[str]:
         "nccl all-reduce bandwidth, 1-256 MiB (needs 2 GPUs)",
         "a DDP step of ConvNet on 1 GPU and on 2 GPUs",
         "peak memory per GPU under nn.DataParallel (needs 2 GPUs)",
+        "torchrun -m multigpu.gpt4d (19) on nccl, checked against one process",
         "torchrun -m multigpu.ddp on nccl, GPU utilisation sampled by nvidia-smi",
     ]
     return lines

@@ -295,6 +295,29 @@ def run_torchrun(gpus: int, seconds: float, root: Path) -> list[Item]:
     return [Item(name, OK, text), utilisation_item(rows, why[0] if why else None)]
 
 
+def run_gpt4d(gpus: int, seconds: float, root: Path) -> list[Item]:
+    """``torchrun -m multigpu.gpt4d`` (19's 4-D script) on nccl: one rank per GPU,
+    a pipeline of 2 stages on 2 GPUs; it checks itself against one process."""
+    from multigpu.runtime.launch import TorchrunError, run_torchrun
+
+    ranks = min(gpus, 2)
+    name = f"4-D GPT on nccl, {ranks} rank{'s' if ranks > 1 else ''}"
+    grid = ["--pp", "2"] if ranks == 2 else []
+    arguments = [*grid, "--steps", "2", "--backend", "nccl"]
+    try:
+        done = run_torchrun(
+            "multigpu.gpt4d", ranks, *arguments, deadline=max(seconds, 5), check=False
+        )
+        status, out, err = done.returncode, done.stdout, done.stderr
+    except TorchrunError as error:
+        status, out, err = 124, "", str(error).splitlines()[0]
+    verdict = [line for line in out.splitlines() if "equal to one process" in line]
+    if status != 0 or not verdict or not verdict[-1].endswith("True"):
+        return [Item(name, FAIL, failure_text(status, f"{err}\n{out}"))]
+    first = out.splitlines()[0] if out else ""
+    return [Item(name, OK, f"{first}; {verdict[-1]}")]
+
+
 def utilisation_item(rows: list[list[float]], why: str | None) -> Item:
     """The utilisation line: per GPU, its highest and mean ``utilization.gpu``."""
     name = "GPU utilisation"

@@ -9,7 +9,11 @@ import dataclasses
 import pytest
 
 from multigpu.cluster.llama import LLAMA3_8B, LLAMA3_70B
-from multigpu.cluster.memory import measure_llama, saved_in_one_block
+from multigpu.cluster.memory import (
+    measure_llama,
+    saved_in_one_block,
+    tool_against_formula,
+)
 from multigpu.costmodel.cluster import (
     fsdp_tp_collectives_per_step,
     llama_activation_bytes,
@@ -68,3 +72,13 @@ def test_the_70b_shape_on_a_4096_rank_mesh_equals_the_formulas():
     assert found["after forward"]["Activation"] == llama_activation_bytes(shape, 8, SEQ)
     assert found["after step"]["OptState"] == state["optimizer"]
     assert found["collectives"] == fsdp_tp_collectives_per_step(1, 512, 8)
+
+
+def test_tool_against_formula_pairs_every_kind_with_its_formula(eight_b):
+    shape = dataclasses.replace(LLAMA3_8B, layers=2)
+    rows = tool_against_formula(eight_b[2], shape, 128, 8, SEQ)
+    assert len(rows) == 5
+    assert rows[0][1] == eight_b[2]["after forward"]["Sharded Param"]
+    assert rows[-1][1] == eight_b[2]["after step"]["OptState"]
+    assert rows[0][2] == llama_state_bytes(shape, 128, 8)["sharded"]
+    assert all(found == formula for _, found, formula in rows)

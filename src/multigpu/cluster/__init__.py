@@ -20,7 +20,12 @@ from multigpu.cluster.local import (
     local_fsdp2_error,
     local_tp_difference,
 )
-from multigpu.cluster.memory import MOMENTS, measure_llama, saved_in_one_block
+from multigpu.cluster.memory import (
+    MOMENTS,
+    measure_llama,
+    saved_in_one_block,
+    tool_against_formula,
+)
 from multigpu.cluster.pin import TAUGHT_ON, check_torch_version
 from multigpu.cluster.planner import (
     H100_BF16_FLOPS,
@@ -56,5 +61,6 @@ __all__ = [
     "run_threaded",
     "saved_in_one_block",
     "support_table",
+    "tool_against_formula",
     "valid_grids",
 ]

@@ -136,3 +136,33 @@ def saved_in_one_block(
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 model(tokens)
     return list(saved.values())
+
+
+def tool_against_formula(
+    measured: dict[str, Any], shape: LlamaShape, dp: int, tp: int, seq_len: int = 1024
+) -> list[tuple[str, int, int]]:
+    """(kind, the tracker's bytes, the formula's bytes) on rank 0 for a step of
+    :func:`measure_llama` of ``shape`` (its ``layers`` as measured) on a dp x tp
+    mesh: parameter shards, the root's whole parameters, activations, gradient
+    shards and Adam's state (20)."""
+    from multigpu.costmodel.cluster import llama_activation_bytes, llama_state_bytes
+
+    state = llama_state_bytes(shape, dp, tp)
+    rows = [
+        ("fp32 parameter shards", "after forward", "Sharded Param", state["sharded"]),
+        (
+            "root's whole bf16 parameters",
+            "after forward",
+            "Unsharded Param",
+            state["root whole"],
+        ),
+        (
+            "activations",
+            "after forward",
+            "Activation",
+            llama_activation_bytes(shape, tp, seq_len),
+        ),
+        ("fp32 gradient shards", "after step", "Sharded Grad", state["gradients"]),
+        ("Adam's moments and step", "after step", "OptState", state["optimizer"]),
+    ]
+    return [(name, measured[when][kind], formula) for name, when, kind, formula in rows]

@@ -6,10 +6,11 @@ refused by name."""
 import pytest
 
 from multigpu.exercises.gpt4d import (
+    check_batch_problem,
     check_grid_groups,
-    check_grid_problem,
     check_sync_dims,
 )
+from multigpu.gpt4d.config import GPTConfig
 from multigpu.gpt4d.grid import DIMS, grid_problem
 from tests.exercises.raising import raises
 
@@ -59,42 +60,48 @@ def calls_the_package(grid, dim):
     return grid.groups(dim)
 
 
-# --- my_problem(grid, world_size, config) ----------------------------------------
-def problem(grid, world_size, config):
-    if grid.dp * grid.tp * grid.pp * grid.cp != world_size:
-        return "product"
-    if config.heads % grid.tp:
-        return "heads"
-    if config.layers % grid.pp:
-        return "layers"
-    if config.seq_len % grid.cp:
-        return "sequence"
+# --- my_batch_problem(grid, batch, microbatches) ------------------------------------
+def batch_problem(grid, batch, microbatches):
+    if batch < grid.dp * microbatches:
+        return "a replica would get an empty micro-batch"
     return None
 
 
-def _without(reason):
-    def answer(grid, world_size, config):
-        found = problem(grid, world_size, config)
-        return None if found == reason else found
-
-    answer.__name__ = f"forgets_{reason}"
-    return answer
+def batch_problem_per_replica(grid, batch, microbatches):  # written otherwise
+    smallest = batch // grid.dp  # tensor_split's smallest share
+    return None if smallest >= microbatches else f"{smallest} < {microbatches}"
 
 
-def product_at_most(grid, world_size, config):
-    if grid.dp * grid.tp * grid.pp * grid.cp > world_size:
-        return "product"
-    return _without("product")(grid, world_size, config)
+def cut_over_every_rank(grid, batch, microbatches):
+    return None if batch >= grid.world_size * microbatches else "too small"
 
 
-def head_dim_instead_of_heads(grid, world_size, config):
-    if (config.dim // config.heads) % grid.tp:
-        return "head_dim"
-    return _without("heads")(grid, world_size, config)
+def needs_even_cuts(grid, batch, microbatches):
+    return None if batch % (grid.dp * microbatches) == 0 else "uneven"
 
 
-def borrowed_problem(grid, world_size, config):
-    return grid_problem(grid, world_size, config)
+def one_too_strict(grid, batch, microbatches):
+    return None if batch > grid.dp * microbatches else "too small"
+
+
+def cut_over_dp_and_cp(grid, batch, microbatches):
+    return None if batch >= grid.dp * grid.cp * microbatches else "too small"
+
+
+def forgets_microbatches(grid, batch, microbatches):
+    return None if batch >= grid.dp else "too small"
+
+
+def batch_forgets_dp(grid, batch, microbatches):
+    return None if batch >= microbatches else "too small"
+
+
+def returns_an_empty_string(grid, batch, microbatches):
+    return batch_problem(grid, batch, microbatches) and ""
+
+
+def borrowed_problem(grid, batch, microbatches):
+    return grid_problem(grid, grid.world_size, GPTConfig(), batch, microbatches)
 
 
 # --- my_sync_dims(kind) -----------------------------------------------------------
@@ -134,7 +141,8 @@ def not_a_group(kind):
     [
         (check_grid_groups, groups_by_stride),
         (check_grid_groups, groups_by_coordinates),
-        (check_grid_problem, problem),
+        (check_batch_problem, batch_problem),
+        (check_batch_problem, batch_problem_per_replica),
         (check_sync_dims, sync_dims),
         (check_sync_dims, sync_dims_other_order),
     ],
@@ -161,13 +169,14 @@ def test_the_checkers_pass_correct_answers(checker, answer):
         ),
         (check_grid_groups, one_group_short, "do not hold every rank exactly once"),
         (check_grid_groups, calls_the_package, "the package's own groups"),
-        (check_grid_problem, _without("product"), "you accept a grid of more ranks"),
-        (check_grid_problem, product_at_most, "you accept a grid of fewer ranks"),
-        (check_grid_problem, _without("heads"), "you accept tp not dividing heads"),
-        (check_grid_problem, head_dim_instead_of_heads, "you refuse a grid with tp"),
-        (check_grid_problem, _without("layers"), "you accept pp not dividing layers"),
-        (check_grid_problem, _without("sequence"), "you accept cp not dividing"),
-        (check_grid_problem, borrowed_problem, "the package's own grid_problem"),
+        (check_batch_problem, cut_over_every_rank, "you refuse a batch of 8"),
+        (check_batch_problem, needs_even_cuts, "you refuse an uneven batch of 5"),
+        (check_batch_problem, one_too_strict, "you refuse a batch of exactly 4"),
+        (check_batch_problem, cut_over_dp_and_cp, "you refuse a batch of 1 sequence"),
+        (check_batch_problem, forgets_microbatches, "you accept a batch of 3"),
+        (check_batch_problem, batch_forgets_dp, "you accept a batch of 3"),
+        (check_batch_problem, returns_an_empty_string, "you accept a batch of 3"),
+        (check_batch_problem, borrowed_problem, "the package's own grid_problem"),
         (
             check_sync_dims,
             forgets_cp,
@@ -194,9 +203,17 @@ def test_the_checkers_name_each_mistake(checker, answer, words):
 
 
 @pytest.mark.parametrize(
-    "checker", [check_grid_groups, check_grid_problem, check_sync_dims]
+    "checker", [check_grid_groups, check_batch_problem, check_sync_dims]
 )
 def test_a_learners_exception_is_a_fail_naming_it(checker):
     passed, message = checker(raises)
     assert not passed
     assert "LearnerBug: a learner's mistake" in message
+
+
+def test_the_batch_cases_agree_with_the_packages_refusal():
+    from multigpu.exercises.gpt4d import batch_cases
+
+    for words, grid, batch, microbatches, works in batch_cases():
+        found = grid_problem(grid, grid.world_size, GPTConfig(), batch, microbatches)
+        assert (found is None) == works, words

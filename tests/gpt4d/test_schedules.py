@@ -6,7 +6,12 @@ with unit times, is its formula's; the player finds deadlocks."""
 import pytest
 
 from multigpu.costmodel.gpt4d import schedule_bubble, zero_bubble_fraction
-from multigpu.gpt4d.schedules import PIPELINE_SCHEDULES, simulate_plan, stage_indices
+from multigpu.gpt4d.schedules import (
+    PIPELINE_SCHEDULES,
+    simulate_plan,
+    stage_indices,
+    summarize_runs,
+)
 from tests.gpt4d.conftest import SCHEDULE_CASES
 
 
@@ -43,6 +48,20 @@ def test_each_plans_bubble_is_its_formulas(schedule_runs, index):
     blocks, bubble = simulate_plan(plan, 2 * per_rank)
     assert len(blocks) == sum(len(actions) for actions in plan.values())
     assert bubble == pytest.approx(schedule_bubble(schedule, 2, microbatches))
+
+
+def test_the_summary_plays_each_cases_plan(schedule_runs):
+    rows = summarize_runs(schedule_runs)
+    assert [(r["schedule"], r["scale_grads"]) for r in rows] == [
+        (name, scale) for name, _, scale in SCHEDULE_CASES
+    ]
+    for index, row in enumerate(rows):
+        worst = max(run["max_diff"] for run in _case(schedule_runs, index))
+        assert row["max_diff"] == worst
+        stages = 2 * PIPELINE_SCHEDULES[row["schedule"]][1]
+        plan = schedule_runs[0][index]["plan"]
+        assert (row["blocks"], row["bubble"]) == simulate_plan(plan, stages)
+        assert row["microbatches"] == SCHEDULE_CASES[index][1]
 
 
 def test_the_formulas():

@@ -1,6 +1,6 @@
 """The checkers of notebook 19's exercises (19): the groups of a rank grid
-(:func:`check_grid_groups`), the refusal of impossible grids
-(:func:`check_grid_problem`) and the groups a gradient is summed over
+(:func:`check_grid_groups`), the refusal of a batch too small for the grid
+(:func:`check_batch_problem`) and the groups a gradient is summed over
 (:func:`check_sync_dims`).
 
 Each calls the learner's function on probes chosen so that each mistake shows as
@@ -15,10 +15,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from multigpu.exercises._result import ExerciseResult, fail, ok
-from multigpu.gpt4d.config import GPTConfig
 from multigpu.gpt4d.grid import DIMS, Grid, grid_problem
 
-__all__ = ["SYNC_KINDS", "check_grid_groups", "check_grid_problem", "check_sync_dims"]
+__all__ = ["SYNC_KINDS", "check_batch_problem", "check_grid_groups", "check_sync_dims"]
 
 
 def _error(exc: Exception) -> str:
@@ -96,48 +95,51 @@ def check_grid_groups(
     )
 
 
-def _problem_cases() -> list[tuple[str, Grid, int, GPTConfig, bool]]:
-    base = GPTConfig(heads=4, layers=4, seq_len=8, dim=8)
+def batch_cases() -> list[tuple[str, Grid, int, int, bool]]:
+    """(words, grid, batch, micro-batches per replica, whether the step can run it),
+    ordered so that each mistake meets its own case first: what check_batch_problem
+    plays (19)."""
+    full = Grid(dp=2, tp=2, pp=2, cp=2)
     return [
-        ("a 2 x 2 x 2 grid that works", Grid(dp=2, tp=2, pp=2), 8, base, True),
-        ("a grid with tp dividing heads but not dim/heads", Grid(tp=4), 4, base, True),
-        (
-            "a grid of more ranks than the world",
-            Grid(dp=2, tp=2, pp=2),
-            4,
-            base,
-            False,
-        ),
-        ("a grid of fewer ranks than the world", Grid(dp=2), 4, base, False),
-        ("tp not dividing heads", Grid(tp=3), 3, base, False),
-        ("pp not dividing layers", Grid(pp=3), 3, base, False),
-        ("cp not dividing the sequence", Grid(cp=3), 3, base, False),
-        ("cp dividing the sequence", Grid(cp=4, dp=2), 8, base, True),
+        ("a batch of 8 sequences on dp2 x tp2 x pp2 x cp2", full, 8, 2, True),
+        ("an uneven batch of 5 sequences on dp2", Grid(dp=2), 5, 2, True),
+        ("a batch of exactly 4 sequences on dp2", Grid(dp=2), 4, 2, True),
+        ("a batch of 1 sequence on tp2 x cp2", Grid(tp=2, cp=2), 1, 1, True),
+        ("a batch of 3 sequences on dp2", Grid(dp=2), 3, 2, False),
+        ("a batch of 2 sequences on dp4", Grid(dp=4), 2, 1, False),
+        ("a batch of 2 sequences on one process", Grid(), 2, 4, False),
     ]
 
 
-def check_grid_problem(
-    my_problem: Callable[[Grid, int, GPTConfig], str | None],
+def check_batch_problem(
+    my_batch_problem: Callable[[Grid, int, int], str | None],
 ) -> ExerciseResult:
-    """``my_problem(grid, world_size, config)`` returns why the grid cannot train
-    the model on that many ranks (a string), or None (19)."""
-    borrowed = _refuse_borrowed(my_problem, (grid_problem,))
+    """``my_batch_problem(grid, batch, microbatches)`` returns why the hand-built
+    step cannot cut a global batch of ``batch`` sequences on ``grid`` into
+    ``microbatches`` micro-batches per replica (a string), or None (19)."""
+    borrowed = _refuse_borrowed(my_batch_problem, (grid_problem,))
     if borrowed:
         return borrowed
-    for words, grid, world_size, config, works in _problem_cases():
+    for words, grid, batch, microbatches, works in batch_cases():
+        where = f"{words} with {microbatches} micro-batch{'es' * (microbatches > 1)}"
         try:
-            answer = my_problem(grid, world_size, config)
+            answer = my_batch_problem(grid, batch, microbatches)
         except Exception as exc:  # the learner's error is the verdict
-            return fail(f"FAIL: on {words} your function raised {_error(exc)}")
+            return fail(f"FAIL: on {where} your function raised {_error(exc)}")
         if works and answer is not None:
             return fail(
-                f"FAIL: you refuse {words} ({grid.label()} on {world_size} ranks)."
+                f"FAIL: you refuse {where} per replica, which the hand-built step "
+                "trains: look again at which dimensions cut the batch, and how."
             )
         if not works and not (isinstance(answer, str) and answer):
             return fail(
-                f"FAIL: you accept {words} ({grid.label()} on {world_size} ranks)."
+                f"FAIL: you accept {where} per replica: some replica would get an "
+                "empty micro-batch."
             )
-    return ok("PASS: you refuse each impossible grid and accept the ones that work.")
+    return ok(
+        "PASS: you refuse each batch that leaves a micro-batch empty and accept the "
+        "ones the hand-built step can cut, uneven ones included."
+    )
 
 
 SYNC_KINDS = ("layernorm", "column_weight", "embedding")
@@ -170,7 +172,7 @@ def _after_sync(grid: Grid, kind: str, dims: list[str]) -> list[Counter]:
 def check_sync_dims(my_sync_dims: Callable[[str], list[str]]) -> ExerciseResult:
     """``my_sync_dims(kind)`` returns the groups ("dp", "tp", "pp", "cp", "tied")
     a gradient of ``kind`` (one of SYNC_KINDS) is summed over after backward, in
-    order (19)."""
+    any order (19)."""
     grid = Grid(dp=2, tp=2, pp=2, cp=2)
     for kind in SYNC_KINDS:
         try:

@@ -1,8 +1,10 @@
 """The rank grid of a 4-D job: rank -> (dp, pp, cp, tp), one group per dimension (19).
 
-The ranks are numbered with tp fastest, then cp, then pp, then dp (the order of
-torchtitan's and Megatron-LM's meshes: the tensor-parallel ranks, which talk the
-most, are neighbours, so on a real cluster they share a node). A rank's group
+The ranks are numbered with tp fastest, then cp, then pp, then dp (tp fastest as
+in torchtitan's and Megatron-LM's meshes: the tensor-parallel ranks, which talk the
+most, are neighbours, so on a real cluster they share a node; both put pp
+outermost, (pp, dp, cp, tp), where dp is outermost here, which changes only the
+rank numbers). A rank's group
 along a dimension is the ranks whose other three coordinates equal its own.
 :func:`grid_problem` says, in one line, why a grid cannot train a model, or None.
 :func:`build_groups` makes every group of a grid (every rank must call it, in the

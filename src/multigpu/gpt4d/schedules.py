@@ -10,11 +10,13 @@ previous stage waits for, and the weights' (W), which can wait to fill a bubble.
 
 ``scale_grads``: by default a schedule divides the summed gradients by the number
 of micro-batches (``scale_grads`` in torch/distributed/pipelining/schedules.py),
-right for a loss that is a mean per micro-batch; our loss is already a sum over
-the global tokens, so ``scale_grads=False`` gives one process's gradients.
+right for a loss that is a mean per micro-batch; our loss is already divided by
+the whole batch's token count, so ``scale_grads=False`` gives one process's
+gradients.
 
 :func:`plan_of` reads the plan a schedule executes (its ``pipeline_order``);
-:func:`simulate_plan` plays it with unit times and measures its bubble.
+:func:`simulate_plan` plays it with unit times and measures its bubble;
+:func:`summarize_runs` does both for every case of a launch.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "schedule_training",
     "simulate_plan",
     "stage_indices",
+    "summarize_runs",
 ]
 
 # name -> (class name in torch.distributed.pipelining, stages per rank, placement)
@@ -140,6 +143,29 @@ def simulate_plan(
     makespan = max(clock.values())
     work = sum(end - start for *_, start, end in blocks)
     return blocks, 1 - work / (makespan * len(plan))
+
+
+def summarize_runs(results: list[list[dict]], pp: int = 2) -> list[dict]:
+    """Per case of a schedules launch (``results``: per rank, per case, as
+    :func:`multigpu.ranks.gpt4d.run_schedules` returns), its schedule,
+    ``scale_grads``, largest difference from one process over the ranks, the
+    blocks and bubble of its plan played with unit times (19)."""
+    rows = []
+    for index, case in enumerate(results[0]):
+        name = case["schedule"]
+        stages = pp * PIPELINE_SCHEDULES[name][1]
+        blocks, bubble = simulate_plan(case["plan"], stages)
+        rows.append(
+            {
+                "schedule": name,
+                "scale_grads": case["scale_grads"],
+                "max_diff": max(rank[index]["max_diff"] for rank in results),
+                "blocks": blocks,
+                "microbatches": case["microbatches"],
+                "bubble": bubble,
+            }
+        )
+    return rows
 
 
 def schedule_training(

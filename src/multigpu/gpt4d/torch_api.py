@@ -132,14 +132,14 @@ def check_static_shapes(
     """Refuse, by name, data that ``torch.distributed.pipelining`` would cut into
     micro-batches of different shapes: a stage learns one shape at its first step
     and receives every micro-batch of every step into a buffer of that shape (19)."""
-    sizes = {len(batch[0]) for batch in batches}
-    if len(sizes) > 1 or next(iter(sizes)) % (dp * microbatches):
+    sizes = [len(batch[0]) for batch in batches]  # in step order
+    if len(set(sizes)) > 1 or sizes[0] % (dp * microbatches):
         raise ValueError(
             f"torch.distributed.pipelining gives every micro-batch the shape of the "
-            f"first one, and these batches of {sorted(sizes)} sequences make "
-            f"uneven micro-batches on dp {dp} x {microbatches} micro-batches; use "
-            f"batches of one size, a multiple of {dp * microbatches}, or the "
-            "hand-built pipeline, which takes any sizes."
+            f"first one, and these batches of {sizes} sequences make uneven "
+            f"micro-batches with dp {dp} and {microbatches} micro-batches per "
+            f"replica; use batches of one size, a multiple of {dp * microbatches}, "
+            "or the hand-built pipeline, which takes any sizes."
         )
 
 

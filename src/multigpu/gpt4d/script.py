@@ -65,7 +65,8 @@ def run(args: Any) -> int:
         sizes = tuple(args.batch + (step % 2) for step in range(args.steps))
         batches = make_token_batches(args.config, sizes, seed=args.seed + 1)
         if rank == 0:
-            where = f"{grid.world_size} ranks, {backend}, {device.type}"
+            ranks = f"{grid.world_size} rank{'s' if grid.world_size > 1 else ''}"
+            where = f"{ranks}, {backend}, {device.type}"
             print(f"grid {grid.label()} on {where}")
         stage, losses = train_4d(
             args.config,

@@ -27,8 +27,8 @@ WAITING_TESTS := tests/faults tests/ddp tests/snapshot
 WAITING_TESTS_2 := tests/runtime tests/doctor tests/gpu
 SHARDING_TESTS := tests/exercises tests/zero tests/fsdp tests/fsdp2
 PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-sharding pytest-rest
-# The lessons in two parts, 00-10 and 11 on, both with their re-run and without CPU
-# kernels.
+# The lessons in two parts, 11-19 and the others (00-10, 20 on), both with their
+# re-run and without CPU kernels.
 LESSONS_LATE := $(sort $(wildcard notebooks/1[1-9]*.ipynb))
 LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
 NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default-early \

@@ -51,6 +51,17 @@ def fail_while_peer_waits_on_a_receive_rank(rank: int, world_size: int) -> None:
     dist.irecv(torch.zeros(1), src=1).wait()
 
 
+def close_then_fail_slowly_rank(rank: int, world_size: int) -> None:
+    """Rank 1 closes its connections (rank 0, waiting on a receive from it, sees
+    "Connection closed by peer" at once), then takes 1.5 s to raise its own error,
+    as a rank under load may take to report (tests of launch)."""
+    if rank == 1:
+        dist.destroy_process_group()
+        time.sleep(1.5)
+        raise ValueError("rank 1's own mistake, reported late")
+    dist.irecv(torch.zeros(1), src=1).wait()
+
+
 def time_out_while_peer_waits_longer_rank(rank: int, world_size: int) -> None:
     """Rank 1 waits in an all_reduce rank 0 never joins and times out (the group's
     timeout); rank 0 waits 30 s on a receive and sees rank 1's connection close

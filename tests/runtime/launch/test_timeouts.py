@@ -56,6 +56,16 @@ def test_a_peers_closed_connection_in_work_wait_does_not_hide_the_cause(no_lefto
     )
 
 
+def test_a_closed_connection_waits_for_the_cause_to_report(no_leftovers):
+    # Rank 0's "Connection closed by peer" arrives 1.5 s before rank 1's own error:
+    # a peer's symptom alone does not end the wait for the cause.
+    with pytest.raises(WorkerError) as caught:
+        spawn(test_ranks.close_then_fail_slowly_rank, 2, timeout=30.0)
+    assert str(caught.value).startswith(
+        "Rank 1 of 2 failed with ValueError: rank 1's own mistake, reported late"
+    )
+
+
 def test_the_rank_that_timed_out_is_named_not_the_peer_it_left(no_leftovers):
     # Rank 1 times out and ends; rank 0 then sees "Connection closed by peer". Both
     # are torch.distributed's errors; the closed connection is the symptom.

@@ -62,6 +62,7 @@ RANK_MEMORY = 64 * MiB
 # After the first failure, how long to keep listening for the other ranks' reports,
 # so that the error shown is the root cause and not a peer's "connection reset".
 _FAILURE_GRACE_S = 0.5
+_PEER_CLOSED_GRACE_S = 5.0  # while every failure is only a closed connection
 _POLL_S = 0.2  # how often the parent checks exit codes while waiting
 
 
@@ -290,6 +291,7 @@ def _collect(
     returned: set[int] = set()  # ranks whose worker has returned
     failures: list[Failure] = []
     grace_end = None
+    first_failure_at = None
     while pending:
         now = time.monotonic()
         if grace_end is not None and now >= grace_end:
@@ -326,8 +328,13 @@ def _collect(
                     started=rank in started,
                 )
             failures.append(failure)
-            if grace_end is None:
-                grace_end = time.monotonic() + _FAILURE_GRACE_S
+            if first_failure_at is None:
+                first_failure_at = time.monotonic()
+            # A connection a peer closed is always another rank's end: wait longer
+            # for that rank's own report (a busy machine can take a second or two).
+            symptoms_only = all(f.priority >= 3 for f in failures)
+            grace = _PEER_CLOSED_GRACE_S if symptoms_only else _FAILURE_GRACE_S
+            grace_end = first_failure_at + grace
     if failures:
         stderr.pump()
         waited_long_enough = (

@@ -19,6 +19,7 @@ DDP = (
 )
 # command -> how it is checked
 COMMANDS = {
+    "!nvidia-smi": "GPU: the driver's version; make gpu-check calls nvidia-smi too",
     f"!{CLONE}": "network: clones the course",
     "%cd multigpu": "IPython: the folder the next cells run in",
     "!pip install -q -c constraints.txt -e .": "network: the pinned install",

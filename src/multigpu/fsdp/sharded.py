@@ -139,9 +139,10 @@ class FSDPByHand(nn.Module):
         """On the stream, before ``unit``'s ``collective``: raise the same
         ValueError on every rank if the ranks are about to move different units (a
         unit some ranks' batches skip), instead of pairing two units' collectives."""
-        labels = [f"{u.name}'s {c}" for u in self.units for c in _COLLECTIVES]
-        code = unit.index * len(_COLLECTIVES) + _COLLECTIVES.index(collective)
-        agree_on(code, labels, "FSDP by hand", "unit", "DDP")
+        names = [u.name for u in self.units]
+        agree_on(
+            unit.index, collective, names, _COLLECTIVES, "FSDP by hand", "unit", "DDP"
+        )
 
     def free(self, unit: FlatUnit) -> None:
         """Give the gathered buffer's memory back; the shard stays."""

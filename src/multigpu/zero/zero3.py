@@ -124,23 +124,33 @@ def agree(layer: ShardedLinear, moment: str) -> None:
     """Check that every rank is about to move ``layer``'s weights for ``moment``
     (one of :data:`MOMENTS`); raise the same ValueError on every rank, naming where
     each rank is, if not (13)."""
-    labels = [f"{name}'s {when}" for name in layer.names for when in MOMENTS]
-    code = layer.index * len(MOMENTS) + MOMENTS.index(moment)
-    agree_on(code, labels, "ZeRO-3 by hand", "layer", "DDP, ZeRO-1 or ZeRO-2")
+    names, instead = layer.names, "DDP, ZeRO-1 or ZeRO-2"
+    agree_on(layer.index, moment, names, MOMENTS, "ZeRO-3 by hand", "layer", instead)
 
 
-def agree_on(code: int, labels: Sequence[str], who: str, part: str, instead: str):
-    """Every rank passes the ``code`` of the place it is at (``labels[code]`` says
-    it in words, e.g. "head's forward"); all-gather them (a few bytes) and, where
-    they differ, raise the same one-line ValueError on every rank, naming each
-    rank's place, the ``part`` (layer, unit) that caused it and the wrappers to
-    use ``instead`` (13, 14)."""
-    mine = torch.tensor([code])
+def agree_on(
+    index: int,
+    moment: str,
+    names: Sequence[str],
+    moments: Sequence[str],
+    who: str,
+    part: str,
+    instead: str,
+) -> None:
+    """Every rank says where it is: the ``part`` (layer, unit) ``names[index]`` at
+    ``moment`` (one of ``moments``, e.g. "head's forward"); all-gather that (one
+    integer per rank) and, where the ranks differ, raise the same one-line
+    ValueError on every rank, naming each rank's place and the wrappers to use
+    ``instead`` (13, 14)."""
+    mine = torch.tensor([index * len(moments) + moments.index(moment)])
     codes = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(codes, mine)
     if len({int(c) for c in codes}) == 1:
         return
-    where = ", ".join(f"rank {r}: {labels[int(c)]}" for r, c in enumerate(codes))
+    where = ", ".join(
+        f"rank {r}: {names[int(c) // len(moments)]}'s {moments[int(c) % len(moments)]}"
+        for r, c in enumerate(codes)
+    )
     raise ValueError(
         f"{who}: the ranks are at different {part}s ({where}): a {part} that some "
         f"ranks' batches run and others' skip cannot be sharded, since its "

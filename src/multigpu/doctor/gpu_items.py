@@ -261,12 +261,27 @@ def sample_utilisation(stop: threading.Event, rows: list[list[float]]) -> str | 
     return None
 
 
+def torchrun_within(
+    module: str, ranks: int, arguments: list[str], seconds: float
+) -> tuple[int, str, str]:
+    """``torchrun -m module arguments`` on ``ranks`` processes, ended with every
+    rank at the deadline: (status, stdout, stderr); status 124 and one line when
+    it ran out of time or could not start."""
+    from multigpu.runtime.launch import TorchrunError, run_torchrun
+
+    try:
+        done = run_torchrun(
+            module, ranks, *arguments, deadline=max(seconds, 5), check=False
+        )
+    except TorchrunError as error:
+        return 124, "", str(error).splitlines()[0]
+    return done.returncode, done.stdout, done.stderr
+
+
 def run_torchrun(gpus: int, seconds: float, root: Path) -> list[Item]:
     """``torchrun -m multigpu.ddp`` on nccl (one rank per GPU, at most 2), with
     the GPUs' utilisation sampled while it trains (the number to watch in
     ``nvidia-smi``)."""
-    from multigpu.runtime.launch import TorchrunError, run_torchrun
-
     ranks = min(gpus, 2)
     name = f"torchrun nccl, {ranks} rank{'s' if ranks > 1 else ''}"
     arguments = ["--epochs", "3", "--backend", "nccl", "--no-progress"]
@@ -277,13 +292,8 @@ def run_torchrun(gpus: int, seconds: float, root: Path) -> list[Item]:
     )
     sampler.start()
     start = time.monotonic()
-    try:  # run_torchrun ends torchrun and every rank at the deadline
-        done = run_torchrun(
-            "multigpu.ddp", ranks, *arguments, deadline=max(seconds, 5), check=False
-        )
-        status, out, err = done.returncode, done.stdout, done.stderr
-    except TorchrunError as error:
-        status, out, err = 124, "", str(error).splitlines()[0]
+    try:
+        status, out, err = torchrun_within("multigpu.ddp", ranks, arguments, seconds)
     finally:
         took = time.monotonic() - start
         stop.set()
@@ -298,19 +308,11 @@ def run_torchrun(gpus: int, seconds: float, root: Path) -> list[Item]:
 def run_gpt4d(gpus: int, seconds: float, root: Path) -> list[Item]:
     """``torchrun -m multigpu.gpt4d`` (19's 4-D script) on nccl: one rank per GPU,
     a pipeline of 2 stages on 2 GPUs; it checks itself against one process."""
-    from multigpu.runtime.launch import TorchrunError, run_torchrun
-
     ranks = min(gpus, 2)
     name = f"4-D GPT on nccl, {ranks} rank{'s' if ranks > 1 else ''}"
     grid = ["--pp", "2"] if ranks == 2 else []
     arguments = [*grid, "--steps", "2", "--backend", "nccl"]
-    try:
-        done = run_torchrun(
-            "multigpu.gpt4d", ranks, *arguments, deadline=max(seconds, 5), check=False
-        )
-        status, out, err = done.returncode, done.stdout, done.stderr
-    except TorchrunError as error:
-        status, out, err = 124, "", str(error).splitlines()[0]
+    status, out, err = torchrun_within("multigpu.gpt4d", ranks, arguments, seconds)
     verdict = [line for line in out.splitlines() if "equal to one process" in line]
     if status != 0 or not verdict or not verdict[-1].endswith("True"):
         return [Item(name, FAIL, failure_text(status, f"{err}\n{out}"))]

@@ -69,11 +69,16 @@ FILES = (
 
 
 @functools.cache
+def package_sources(root: Path) -> tuple[str, ...]:
+    """The text of every module of src/multigpu, read once."""
+    files = sorted((root / "src" / "multigpu").rglob("*.py"))
+    return tuple(path.read_text(encoding="utf-8") for path in files)
+
+
 def defined_in_package(root: Path, name: str) -> bool:
     """Does some module of src/multigpu define a function or class ``name``?"""
     pattern = re.compile(rf"^\s*(?:async def|def|class) {re.escape(name)}\b", re.M)
-    files = (root / "src" / "multigpu").rglob("*.py")
-    return any(pattern.search(path.read_text(encoding="utf-8")) for path in files)
+    return any(pattern.search(text) for text in package_sources(root))
 
 
 def contract_layers(pyproject: str) -> tuple[frozenset[str], ...]:

@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed
 # Idle OpenMP threads sleep rather than spin: with the parts of `make test` sharing
 # the cores, spinning took CPU time from the ranks (7% longer on three notebooks).
 THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONHASHSEED=0
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	--nbval-cell-timeout 120
+# Kernels forked from one process that has imported torch (tests/warm_kernels.py):
+# about 2 processor-seconds less per notebook; MULTIGPU_COLD_KERNELS=1 starts each anew.
+NBVAL := -p tests.warm_kernels --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 120
 LESSONS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)

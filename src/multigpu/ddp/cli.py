@@ -30,6 +30,7 @@ from multigpu.core.checks import check_number, check_positive_int
 from multigpu.core.train import TrainConfig
 from multigpu.ddp.accumulation import LR_SCALINGS
 from multigpu.ddp.script_checks import TIMEOUT_RANGE_S, backend_problem, check_writable
+from multigpu.runtime.quiet_ranks import exit_quietly
 
 # torchrun's agent reads it before it starts the ranks: with "1", every round of
 # ranks gets a TCP store of its own instead of sharing the rendezvous' (11).
@@ -83,7 +84,9 @@ class ScriptParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if speaks_for_the_run():
             self.exit(2, f"{self.prog}: error: {message}\n")
-        self.exit(2)
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            self.exit(2)  # a restart: rank 0 is quiet too
+        exit_quietly()  # rank 0 prints the line first
 
 
 def speaks_for_the_run(environ: Mapping[str, str] | None = None) -> bool:

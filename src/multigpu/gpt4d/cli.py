@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from multigpu.gpt4d.config import GPTConfig
 from multigpu.gpt4d.grid import Grid, grid_problem
+from multigpu.runtime.quiet_ranks import exit_quietly
 
 __all__ = ["PROG", "ScriptOptions", "parse_args", "script_parser"]
 
@@ -29,7 +30,7 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if os.environ.get("RANK", "0") == "0":
             self.exit(2, f"{self.prog}: error: {message}\n")
-        self.exit(2)
+        exit_quietly()  # rank 0 prints the line first
 
 
 def script_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from multigpu.gpt4d.cli import PROG
 from multigpu.gpt4d.grid import build_groups
 from multigpu.gpt4d.hand import reference_shards, train_4d
 from multigpu.gpt4d.model import make_token_batches, one_process_training
+from multigpu.runtime.quiet_ranks import exit_quietly
 
 __all__ = ["pick_backend", "run"]
 
@@ -45,7 +46,7 @@ def pick_backend(
                 "ranks per node.",
                 file=sys.stderr,
             )
-        raise SystemExit(2)
+        exit_quietly(environ)  # rank 0 prints the line first
     if backend == "nccl":
         return backend, torch.device("cuda", local_rank)
     return backend, torch.device("cpu")

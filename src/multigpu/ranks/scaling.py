@@ -23,7 +23,7 @@ def scaling_measurements_rank(
 ) -> dict:
     """What notebook 12's cost model is fitted to and checked against, measured in
     one launch: ``dist.all_reduce`` times at ``sizes_bytes`` (none on one rank), then
-    the median step time of ``model`` under DDP with its all-reduce ("synced") and
+    the fastest step time of ``model`` under DDP with its all-reduce ("synced") and
     without it ("no_sync") (12)."""
     # here: importing ddp slows every rank's start by ~2 s
     from multigpu.ranks.ddp import step_times_rank

@@ -84,7 +84,7 @@ class ScriptParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if speaks_for_the_run():
             self.exit(2, f"{self.prog}: error: {message}\n")
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if not speaks_for_the_run({**os.environ, "RANK": "0"}):
             self.exit(2)  # a restart: rank 0 is quiet too
         exit_quietly()  # rank 0 prints the line first
 

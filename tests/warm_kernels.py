@@ -84,13 +84,7 @@ def client(address: str, argv: list[str]) -> None:
     pid = int(first[1])
 
     def forward(signum, _frame):
-        try:
-            os.killpg(pid, signum)
-        except OSError:
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
+        _signal_group(pid, signum)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
@@ -133,9 +127,12 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _become_kernel(request: dict, fds: list[int], keep_closed: list) -> None:
-    """In the forked child: set up what ``python -m ipykernel_launcher`` starts with,
-    run the kernel, and exit as that Python would. Never returns."""
+def _become_kernel(
+    request: dict, imported: dict[str, str], fds: list[int], keep_closed: list
+) -> None:
+    """In the forked child: set up what ``python -m ipykernel_launcher`` starts with
+    (``imported``: the variables the server's imports set), run the kernel, and exit
+    as that Python would. Never returns."""
     code = 1
     try:
         os.setsid()
@@ -152,7 +149,7 @@ def _become_kernel(request: dict, fds: list[int], keep_closed: list) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        for name, value in request["imported"].items():  # as those imports set them
+        for name, value in imported.items():  # as those imports set them
             os.environ.setdefault(name, value)
         import ipykernel_launcher
 
@@ -253,11 +250,11 @@ def serve(address: str, log: str) -> None:
                 elif item is listener:
                     _start(listener, kernels, own, imported, threads)
                 elif not item.recv(1024) and item in kernels:  # the client is gone
-                    _kill_group(kernels.pop(item))
+                    _signal_group(kernels.pop(item))
                     item.close()
     finally:
         for conn, pid in kernels.items():
-            _kill_group(pid)
+            _signal_group(pid)
             conn.close()
         listener.close()
 
@@ -275,7 +272,6 @@ def _start(
     except (OSError, ValueError):
         conn.close()
         return
-    request["imported"] = imported
     differences = _differences(request["env"], own)
     if differences or _threads() > threads or len(fds) != 3:
         reason = f"environment: {', '.join(differences)}" if differences else "threads"
@@ -285,7 +281,7 @@ def _start(
     else:
         pid = os.fork()
         if pid == 0:
-            _become_kernel(request, fds, [listener, conn, *kernels])
+            _become_kernel(request, imported, fds, [listener, conn, *kernels])
         kernels[conn] = pid
         conn.sendall(f"pid {pid}\n".encode())
         _log("warm")
@@ -317,10 +313,12 @@ def _reap(kernels: dict) -> None:
                 conn.close()
 
 
-def _kill_group(pid: int) -> None:
+def _signal_group(pid: int, signum: int = signal.SIGKILL) -> None:
+    """``signum`` to the kernel's process group, or to the kernel alone before it
+    has made its own session."""
     for kill in (os.killpg, os.kill):
         try:
-            kill(pid, signal.SIGKILL)
+            kill(pid, signum)
             return
         except OSError:
             pass

@@ -154,7 +154,10 @@ def fsdp_tp_difference(
     reference = copy.deepcopy(initial)
     train_sgd(reference, x, y, steps)
     want = dict(reference.named_parameters())
-    ranks = run_threaded(fsdp_tp_thread_rank, dp * tp, initial, tp, steps)
+    # FSDP2 x TP work between collectives: a loaded machine's wait, not a quick probe's
+    ranks = run_threaded(
+        fsdp_tp_thread_rank, dp * tp, initial, tp, steps, timeout=SLOW_TIMEOUT_S
+    )
     return max(
         (state[name] - want[name]).abs().max().item()
         for state in ranks

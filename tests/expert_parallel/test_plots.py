@@ -7,6 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 
 from multigpu.plots.expert_parallel import (  # noqa: E402
     DROPPED_COLOUR,
@@ -30,6 +31,13 @@ def test_plot_token_routing_draws_each_token_and_each_experts_load():
     assert [bar.get_height() for bar in dropped] == [1, 0, 0, 1]
     assert [bar.get_y() for bar in dropped] == [3, 0, 2, 2]  # stacked on top
     assert [t.get_text() for t in right.get_xticklabels()][1] == "1\n(rank 1)"
+    assert [t.get_text() for t in right.get_legend().get_texts()] == [
+        "dropped: its expert was full"
+    ]
+    plt.close(figure)
+    # nothing dropped: no legend naming what the figure does not show
+    figure = plot_token_routing(routes, 4)
+    assert figure.axes[1].get_legend() is None
     plt.close(figure)
 
 
@@ -47,6 +55,12 @@ def test_plot_load_balance_has_a_curve_per_run_and_bars_per_expert():
         "start", "aux 0, end", "aux 0.1, end"
     ]  # fmt: skip
     assert [bar.get_height() for bar in right.containers[1]] == [8, 0, 0, 0]
+    # a run's bars take its curves' colour, so the two panels read alike
+    for curve, bars in zip(curves, right.containers[1:], strict=True):
+        assert to_hex(bars[0].get_facecolor()) == to_hex(curve.get_color())
+    assert to_hex(right.containers[0][0].get_facecolor()) not in {
+        to_hex(curve.get_color()) for curve in curves
+    }
     plt.close(figure)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from multigpu.expert_parallel import experts_per_rank, imbalance, tokens_per_rank
@@ -18,6 +18,7 @@ EXPERT_COLOURS = (
     "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
 )  # fmt: skip
 DROPPED_COLOUR = "#bbbbbb"
+DROPPED = "dropped: its expert was full"
 
 
 def _colour(expert: int) -> str:
@@ -104,7 +105,7 @@ def plot_token_routing(
     experts = range(num_experts)
     colours = [_colour(e) for e in experts]
     right.bar(experts, computed, color=colours, label="computed")
-    right.bar(experts, dropped, bottom=computed, color=DROPPED_COLOUR, label="dropped")
+    right.bar(experts, dropped, bottom=computed, color=DROPPED_COLOUR, label=DROPPED)
     world = len(experts_per_rank)
     local = num_experts // world
     right.set_xticks(list(experts), _expert_labels(num_experts, local), fontsize=8)
@@ -112,7 +113,8 @@ def plot_token_routing(
     right.set_xlabel("expert")
     right.set_ylabel("tokens")
     right.set_title("load per expert", fontsize=10)
-    right.legend(fontsize=8)
+    if any(dropped):  # the bars' colours are the experts' (the ticks name them)
+        right.legend(handles=[Patch(color=DROPPED_COLOUR, label=DROPPED)], fontsize=8)
     figure.tight_layout()
     return figure
 
@@ -155,13 +157,18 @@ def plot_load_balance(
     left.set_ylabel("max / mean tokens")
     left.set_title(f"per expert (solid), per rank of {ep_size} (dashed)", fontsize=10)
     left.legend(fontsize=8)
-    bars = [("start", next(iter(histories.values()))[0])]
-    bars += [(f"{name}, end", per_step[-1]) for name, per_step in histories.items()]
+    # each run's bars in its curves' colour; the common start in grey
+    bars = [("start", next(iter(histories.values()))[0], "0.6")]
+    bars += [
+        (f"{name}, end", per_step[-1], f"C{k}")
+        for k, (name, per_step) in enumerate(histories.items())
+    ]
     num_experts = len(bars[0][1])
     width = 0.8 / len(bars)
-    for k, (label, loads) in enumerate(bars):
+    for k, (label, loads, colour) in enumerate(bars):
         offset = (k - (len(bars) - 1) / 2) * width
-        right.bar([e + offset for e in range(num_experts)], loads, width, label=label)
+        xs = [e + offset for e in range(num_experts)]
+        right.bar(xs, loads, width, label=label, color=colour)
     local = experts_per_rank(num_experts, ep_size)
     right.set_xticks(range(num_experts), _expert_labels(num_experts, local))
     right.set_xlabel("expert")

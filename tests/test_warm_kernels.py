@@ -152,3 +152,32 @@ def test_an_interrupt_reaches_the_warm_kernel_and_a_kill_ends_it(server, tmp_pat
     finally:
         kernel.client.stop_channels()
         kernel.manager.cleanup_resources()
+
+
+def test_nbval_s_kernels_listen_on_unix_sockets_of_their_own(monkeypatch):
+    """No TCP port that another process could take before the kernel binds it."""
+    from nbval import kernel
+
+    monkeypatch.setattr(kernel, "KernelManager", kernel.KernelManager)
+    warm_kernels._unix_socket_kernels(kernel)
+    managers = [kernel.KernelManager(kernel_name="python3") for _ in range(2)]
+    for manager in managers:
+        manager.write_connection_file()
+    try:
+        infos = [manager.get_connection_info() for manager in managers]
+        assert {info["transport"] for info in infos} == {"ipc"}
+        paths = [info["ip"] for info in infos]
+        assert len(set(paths)) == 2 and all(len(p) < 90 for p in paths), paths
+        manager, client = kernel.start_new_kernel(
+            kernel_name=kernel.CURRENT_ENV_KERNEL_NAME
+        )
+        try:
+            assert manager.transport == "ipc"
+            reply = client.execute_interactive("x = 6 * 7", timeout=60)
+            assert reply["content"]["status"] == "ok"
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+    finally:
+        for manager in managers:
+            manager.cleanup_connection_file()

@@ -379,12 +379,39 @@ def warm_argv(argv: list[str], address: str) -> list[str]:
     return [argv[0], "-I", "-S", __file__, "client", address, *argv[at + 1 :]]
 
 
+def _unix_socket_kernels(kernel) -> None:
+    """nbval's kernels, forked or new, listen on Unix sockets instead of TCP ports.
+
+    Jupyter picks a kernel's five ports as free ports, closes them, and the kernel
+    binds them a moment later; meanwhile the other parts of `make test` open ports
+    all the time (each launch's store and gloo's connections), and a kernel whose
+    port was taken dies before its first cell ("Kernel died before replying to
+    kernel_info"), which once failed a whole notebook. A Unix socket's name is the
+    kernel's own, so nothing else can take it."""
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import KernelManager
+    from traitlets import CaselessStrEnum
+
+    class UnixSocketKernelManager(KernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        def _ip_default(self) -> str:  # short: a socket's path has at most 107 bytes
+            name = f"nbval-kernel-{uuid.uuid4().hex[:12]}"
+            return os.path.join(tempfile.gettempdir(), name)
+
+    kernel.KernelManager = UnixSocketKernelManager
+
+
 def pytest_configure(config) -> None:
-    if os.environ.get("MULTIGPU_COLD_KERNELS") == "1" or not config.getoption(
-        "nbval", default=False
-    ):
+    if not config.getoption("nbval", default=False):
         return
     from nbval import kernel
+
+    _unix_socket_kernels(kernel)
+    if os.environ.get("MULTIGPU_COLD_KERNELS") == "1":
+        return
 
     cold_spec = kernel.NbvalKernelspecManager.get_kernel_spec
 

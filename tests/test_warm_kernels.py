@@ -160,7 +160,8 @@ def test_nbval_s_kernels_listen_on_unix_sockets_of_their_own(monkeypatch):
 
     monkeypatch.setattr(kernel, "KernelManager", kernel.KernelManager)
     warm_kernels._unix_socket_kernels(kernel)
-    managers = [kernel.KernelManager(kernel_name="python3") for _ in range(2)]
+    name = kernel.CURRENT_ENV_KERNEL_NAME
+    managers = [kernel.KernelManager(kernel_name=name) for _ in range(2)]
     for manager in managers:
         manager.write_connection_file()
     try:
@@ -168,9 +169,7 @@ def test_nbval_s_kernels_listen_on_unix_sockets_of_their_own(monkeypatch):
         assert {info["transport"] for info in infos} == {"ipc"}
         paths = [info["ip"] for info in infos]
         assert len(set(paths)) == 2 and all(len(p) < 90 for p in paths), paths
-        manager, client = kernel.start_new_kernel(
-            kernel_name=kernel.CURRENT_ENV_KERNEL_NAME
-        )
+        manager, client = kernel.start_new_kernel(kernel_name=name)
         try:
             assert manager.transport == "ipc"
             reply = client.execute_interactive("x = 6 * 7", timeout=60)

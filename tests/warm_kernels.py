@@ -22,7 +22,8 @@ The kernel's manager talks to a small client (this file, run with ``-I -S``), wh
 passes its standard streams to the server, forwards the signals Jupyter sends
 (interrupt, terminate) to the kernel's process group, and exits with the kernel's
 exit status. Killing the client kills the kernel's process group, as Jupyter's kill
-would.
+would. Every nbval kernel, forked or new, listens on Unix sockets of its own rather
+than on TCP ports (``_unix_socket_kernels``).
 """
 
 from __future__ import annotations
@@ -398,6 +399,8 @@ def _unix_socket_kernels(kernel) -> None:
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
 
         def _ip_default(self) -> str:  # short: a socket's path has at most 107 bytes
+            if self.transport != "ipc":
+                return super()._ip_default()
             name = f"nbval-kernel-{uuid.uuid4().hex[:12]}"
             return os.path.join(tempfile.gettempdir(), name)
 

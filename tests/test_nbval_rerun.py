@@ -4,6 +4,7 @@ fail both times, and finds nothing without its flag."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run_nbval(path: Path, *flags: str) -> subprocess.CompletedProcess:
+    # tests.warm_kernels for its kernels on Unix sockets, cold: a TCP port picked
+    # for the kernel could be taken by the other parts of `make test` meanwhile
     command = [
         sys.executable, "-m", "pytest", "-p", "tests.nbval_rerun",
-        "-p", "no:cacheprovider", "-p", "no:randomly", "-v", "--color=no",
+        "-p", "tests.warm_kernels", "-p", "no:cacheprovider", "-p", "no:randomly",
+        "-v", "--color=no",
         "--nbval", "--nbval-current-env", *flags, str(path),
     ]  # fmt: skip
+    environment = {**os.environ, "MULTIGPU_COLD_KERNELS": "1"}
     return subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=120
+        command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
     )
 
 

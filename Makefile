@@ -18,7 +18,9 @@ SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
 # ends; a part that ends lets the next one start, so the 2 cores stay busy until the
-# end. Nine at once were no faster and made the timings the notebooks print
+# end. pytest-rest, whose tests mostly run in its own process, starts first of the
+# four that wait: ending last, it left a core idle for a minute (nbval's ranks use
+# both). Nine at once were no faster and made the timings the notebooks print
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
 STREAMS ?= 5
@@ -102,7 +104,7 @@ test: lint
 	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		pytest-waiting pytest-waiting-2 nbval-lessons-late nbval-lessons \
-		pytest-sharding nbval-default-late nbval-solutions pytest-rest \
+		pytest-sharding pytest-rest nbval-default-late nbval-solutions \
 		nbval-default-early
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).

@@ -100,7 +100,9 @@ gpu-check: $(GPU_NEEDS)
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m multigpu.doctor \
 		--gpu --report $(GPU_REPORT)
 
-test: lint
+# JupyterLab's settings before the parts: the pytest parts need them, and on a fresh
+# clone the parts that do not took their streams first, whatever the order below.
+test: lint $(LAB_OVERRIDES)
 	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		pytest-waiting pytest-waiting-2 nbval-lessons-late nbval-lessons \

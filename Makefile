@@ -18,9 +18,9 @@ SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
 # ends; a part that ends lets the next one start, so the 2 cores stay busy until the
-# end. pytest-rest, whose tests mostly run in its own process, starts first of the
-# four that wait: ending last, it left a core idle for a minute (nbval's ranks use
-# both). Nine at once were no faster and made the timings the notebooks print
+# end. The nbval parts first, then the pytest parts (a fresh clone of this machine,
+# one run each: 831 s, against 903 s with two pytest parts first).
+# Nine at once were no faster and made the timings the notebooks print
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
 STREAMS ?= 5
@@ -100,14 +100,15 @@ gpu-check: $(GPU_NEEDS)
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m multigpu.doctor \
 		--gpu --report $(GPU_REPORT)
 
-# JupyterLab's settings before the parts: the pytest parts need them, and on a fresh
-# clone the parts that do not took their streams first, whatever the order below.
+# JupyterLab's settings before the parts: the pytest parts need them, so that the
+# parts start in the order below (on a fresh clone, those that do not need them
+# took the streams first while make wrote them).
 test: lint $(LAB_OVERRIDES)
 	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		pytest-waiting pytest-waiting-2 nbval-lessons-late nbval-lessons \
-		pytest-sharding pytest-rest nbval-default-late nbval-solutions \
-		nbval-default-early
+		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
+		nbval-default-early pytest-waiting pytest-waiting-2 pytest-sharding \
+		pytest-rest
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)

@@ -18,8 +18,9 @@ SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
 # ends; a part that ends lets the next one start, so the 2 cores stay busy until the
-# end. The nbval parts first, then the pytest parts (a fresh clone of this machine,
-# one run each: 831 s, against 903 s with two pytest parts first).
+# end. The nbval parts first, then the pytest parts: the order every fresh clone ran
+# in before JupyterLab's settings were made first (fresh clones of this machine took
+# 831 s and 949 s in this order, 903 s with two pytest parts first: the runs' spread).
 # Nine at once were no faster and made the timings the notebooks print
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.

@@ -192,11 +192,12 @@ def _start_forkserver() -> None:
     caller's folder, path, arguments and environment as from any forkserver.
 
     It freezes what it inherits (``gc.freeze``) before it forks a rank. Forked from
-    the kernel, it inherits the kernel's garbage collector, which had counted enough
-    new objects for a full collection to come soon: without the freeze, 60 of the 202
-    ranks of lessons 08, 13, 14b, 15, 16 and 19 ran one, walking the 300,000 objects
-    they share with the forkserver (and, writing to their headers, copying its pages)
-    at about half a processor-second each, which a new forkserver's ranks do not.
+    the kernel, it inherits the kernel's garbage collector as it stands: without the
+    freeze, 60 of the 202 ranks of lessons 08, 13, 14b, 15, 16 and 19 ran a full
+    collection, walking the 300,000 objects they share with the forkserver (and,
+    writing to their headers, copying its pages) at about half a processor-second
+    each; the ranks of a new forkserver, as JupyterLab's kernels start, cost the same
+    with a freeze and without.
     Those six lessons under nbval, all processes together: 89 processor-seconds
     without the freeze, 73 with it."""
     import gc

@@ -197,9 +197,8 @@ def _start_forkserver() -> None:
     collection, walking the 300,000 objects they share with the forkserver (and,
     writing to their headers, copying its pages) at about half a processor-second
     each; the ranks of a new forkserver, as JupyterLab's kernels start, cost the same
-    with a freeze and without.
-    Those six lessons under nbval, all processes together: 89 processor-seconds
-    without the freeze, 73 with it."""
+    with a freeze and without. Those six lessons under nbval, all processes
+    together: 89 processor-seconds without the freeze, 73 with it."""
     import gc
     import types
     from multiprocessing import connection, forkserver

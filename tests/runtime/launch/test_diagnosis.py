@@ -57,6 +57,12 @@ def test_a_rank_that_never_joins_times_out_instead_of_hanging(no_leftovers):
     assert "Rank(s) [1] had not reported" in str(error)
 
 
+# Long enough for ranks 0 and 2 to join the group and return on a loaded 2-core
+# machine (at 2 s, a `make test` once found rank 0 or 2 not yet returned); rank 1
+# sleeps until then, so the wait costs no processor time.
+STUCK_DEADLINE_S = 6.0
+
+
 def test_a_rank_stuck_outside_collectives_is_stopped_at_the_deadline(no_leftovers):
     start = time.monotonic()
     with pytest.raises(DeadlineExceededError) as caught:
@@ -65,21 +71,21 @@ def test_a_rank_stuck_outside_collectives_is_stopped_at_the_deadline(no_leftover
             3,
             1,
             timeout=TIMEOUT,
-            deadline=2.0,
+            deadline=STUCK_DEADLINE_S,
         )
     elapsed = time.monotonic() - start
-    assert 2.0 <= elapsed < 2.0 + SLACK
+    assert STUCK_DEADLINE_S <= elapsed < STUCK_DEADLINE_S + SLACK
     error = caught.value
     assert isinstance(error, WorkerError)
     assert str(error) == (
-        "The launch did not finish within its deadline of 2 s: rank 1 of 3 still "
-        "running (ranks 0 and 2 had returned). Every rank has been stopped. A rank "
-        "stuck outside any collective (an endless loop, a blocking read) is caught "
-        "by the deadline, not by the timeout: error.traceback shows where rank 1 "
-        "was. If the work just needs longer, pass a larger deadline= (None for no "
-        "deadline)."
+        f"The launch did not finish within its deadline of {STUCK_DEADLINE_S:g} s: "
+        "rank 1 of 3 still running (ranks 0 and 2 had returned). Every rank has been "
+        "stopped. A rank stuck outside any collective (an endless loop, a blocking "
+        "read) is caught by the deadline, not by the timeout: error.traceback shows "
+        "where rank 1 was. If the work just needs longer, pass a larger deadline= "
+        "(None for no deadline)."
     )
-    assert (error.rank, error.exitcode, error.deadline) == (1, None, 2.0)
+    assert (error.rank, error.exitcode, error.deadline) == (1, None, STUCK_DEADLINE_S)
     assert error.timed_out
     assert (error.missing_ranks, error.returned_ranks) == ([1], [0, 2])
     # Where it was stuck: its Python stack, dumped at the deadline.

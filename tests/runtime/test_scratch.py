@@ -10,7 +10,11 @@ from multigpu.runtime import launch, scratch
 
 
 @pytest.fixture(autouse=True)
-def _clean():
+def _clean(monkeypatch):
+    # Python keeps compiled modules, as on a learner's machine, whatever this
+    # environment says (PYTHONDONTWRITEBYTECODE): a rewritten module must not be
+    # imported from its old compile.
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
     yield
     scratch.clean_up()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -65,6 +66,11 @@ def write_file(filename: str, text: str) -> Path:
         )
     path = folder() / filename
     path.write_text(text, encoding="utf-8")
+    if path.suffix == ".py":
+        # Python trusts a module's cached compile (__pycache__) while the source has
+        # the same size and modification time in whole seconds: an edit of the same
+        # size within a second (VALUE = 1 -> VALUE = 2) would import the old code.
+        Path(importlib.util.cache_from_source(str(path))).unlink(missing_ok=True)
     return path
 
 

@@ -9,12 +9,6 @@ STAMP := $(VENV)/.installed
 # Idle OpenMP threads sleep rather than spin: with the parts of `make test` sharing
 # the cores, spinning took CPU time from the ranks (7% longer on three notebooks).
 THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONHASHSEED=0
-# Python keeps the modules it compiles (__pycache__ in src/ and tests/) even where
-# the shell sets PYTHONDONTWRITEBYTECODE: without that cache every new Python
-# compiles the multigpu modules it imports, every rank the modules its function
-# needs, and every pytest its test files (six lessons under nbval: 9 % more
-# processor time; collecting every test: 10 processor-seconds instead of 6).
-unexport PYTHONDONTWRITEBYTECODE
 # Kernels forked from one process that has imported torch (tests/warm_kernels.py):
 # about 2 processor-seconds less per notebook; MULTIGPU_COLD_KERNELS=1 starts each anew.
 NBVAL := -p tests.warm_kernels --nbval --nbval-current-env \

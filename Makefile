@@ -9,6 +9,11 @@ STAMP := $(VENV)/.installed
 # Idle OpenMP threads sleep rather than spin: with the parts of `make test` sharing
 # the cores, spinning took CPU time from the ranks (7% longer on three notebooks).
 THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONHASHSEED=0
+# The test targets' Pythons collect garbage less often (tests/startup/sitecustomize.py,
+# found on PYTHONPATH): a new Python that imports torch spent about a fifth of its
+# import in the collector. Not for `make notebooks`: the stored outputs come from
+# Python's defaults, and nbval compares them with what these processes print.
+TEST_ENV := $(THREADS) PYTHONPATH="$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH}"
 # Kernels forked from one process that has imported torch (tests/warm_kernels.py):
 # about 2 processor-seconds less per notebook; MULTIGPU_COLD_KERNELS=1 starts each anew.
 NBVAL := -p tests.warm_kernels --nbval --nbval-current-env \
@@ -39,7 +44,7 @@ LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
 NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default-early \
 	nbval-default-late
 
-.PHONY: setup lab doctor test test-slow test-browser lint pytest $(PYTEST_PARTS) \
+.PHONY: setup lab doctor test test-slow test-browser lint bytecode pytest $(PYTEST_PARTS) \
 	nbval nbval-native nbval-default $(NBVAL_PARTS) run notebooks bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
@@ -104,12 +109,19 @@ gpu-check: $(GPU_NEEDS)
 # JupyterLab's settings before the parts: the pytest parts need them, so that the
 # parts start in the order below (on a fresh clone, those that do not need them
 # took the streams first while make wrote them).
-test: lint $(LAB_OVERRIDES)
+test: lint $(LAB_OVERRIDES) bytecode
 	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
 		nbval-default-early pytest-waiting pytest-waiting-2 pytest-sharding \
 		pytest-rest
+
+# multigpu's modules compiled once, before the parts. Where the shell sets
+# PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so
+# every new Python and every forked rank compiled the modules it imports again (about
+# a twentieth of the notebooks' processor time); a learner's Python keeps them anyway.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 src
 
 # ruff, then the import layers of docs/architecture.md (import-linter, pyproject.toml).
 lint: $(STAMP)
@@ -118,25 +130,25 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 pytest: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest tests/
+	$(TEST_ENV) $(BIN)/pytest tests/
 
 # pytest as `make test` runs it, in four parts that together are every test.
 pytest-waiting: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest $(WAITING_TESTS)
+	$(TEST_ENV) $(BIN)/pytest $(WAITING_TESTS)
 
 pytest-waiting-2: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest $(WAITING_TESTS_2)
+	$(TEST_ENV) $(BIN)/pytest $(WAITING_TESTS_2)
 
 pytest-sharding: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest $(SHARDING_TESTS)
+	$(TEST_ENV) $(BIN)/pytest $(SHARDING_TESTS)
 
 pytest-rest: $(STAMP) $(LAB_OVERRIDES)
-	$(THREADS) $(BIN)/pytest tests/ \
+	$(TEST_ENV) $(BIN)/pytest tests/ \
 		$(addprefix --ignore=,$(WAITING_TESTS) $(WAITING_TESTS_2) $(SHARDING_TESTS))
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)
-	MULTIGPU_SLOW=1 $(THREADS) $(BIN)/pytest tests/snapshot tests/faults
+	MULTIGPU_SLOW=1 $(TEST_ENV) $(BIN)/pytest tests/snapshot tests/faults
 
 # JupyterLab's own Run All on every lesson notebook in headless Chromium, checked
 # against the stored outputs as nbval checks them (tests/browser; a table of seconds
@@ -156,31 +168,31 @@ nbval: $(STAMP)
 		nbval-native nbval-default-early nbval-default-late
 
 nbval-native: $(STAMP)
-	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(NOTEBOOKS)
 
 # nbval-native as `make test` runs it, in three parts that together are every
 # notebook.
 nbval-lessons: $(STAMP)
-	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(LESSONS_EARLY)
 
 nbval-lessons-late: $(STAMP)
-	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(LESSONS_LATE)
 
 nbval-solutions: $(STAMP)
-	$(THREADS) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:randomly -p tests.nbval_rerun \
 		--nbval-rerun $(NBVAL) $(SOLUTIONS)
 
 nbval-default: nbval-default-early nbval-default-late
 
 nbval-default-early: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \
+	ATEN_CPU_CAPABILITY=default $(TEST_ENV) $(BIN)/python -m pytest -p no:randomly \
 		$(NBVAL) $(LESSONS_EARLY)
 
 nbval-default-late: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(THREADS) $(BIN)/python -m pytest -p no:randomly \
+	ATEN_CPU_CAPABILITY=default $(TEST_ENV) $(BIN)/python -m pytest -p no:randomly \
 		$(NBVAL) $(LESSONS_LATE)
 
 # A workshop dry run: execute every notebook into build/ as HTML, change nothing.

@@ -30,13 +30,18 @@ NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
 STREAMS ?= 5
-# pytest in four parts: the tests that mostly wait on processes (torchrun from a
-# shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers and
-# the sharding wrappers, and the rest.
+# pytest in six parts: the tests that mostly wait on processes (torchrun from a
+# shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers, the
+# sharding wrappers, the hand-built wrappers and models, and the rest. Parts of about
+# 100 processor-seconds at the end of the list, so that the cores stay busy until the
+# last one ends (with the rest in one part, it ran alone for the last minute).
 WAITING_TESTS := tests/faults tests/ddp tests/snapshot
 WAITING_TESTS_2 := tests/runtime tests/doctor tests/gpu
-SHARDING_TESTS := tests/exercises tests/zero tests/fsdp tests/fsdp2
-PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-sharding pytest-rest
+EXERCISE_TESTS := tests/exercises
+SHARDING_TESTS := tests/zero tests/fsdp tests/fsdp2
+MODEL_TESTS := tests/miniddp tests/horovod_api tests/gpt4d tests/cluster
+PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-exercises pytest-sharding \
+	pytest-models pytest-rest
 # The lessons in two parts, 11-19 and the others (00-10, 20 on), both with their
 # re-run and without CPU kernels.
 LESSONS_LATE := $(sort $(wildcard notebooks/1[1-9]*.ipynb))
@@ -110,11 +115,11 @@ gpu-check: $(GPU_NEEDS)
 # parts start in the order below (on a fresh clone, those that do not need them
 # took the streams first while make wrote them).
 test: lint $(LAB_OVERRIDES) bytecode
-	@echo "pytest in four parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest in six parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
-		nbval-default-early pytest-waiting pytest-waiting-2 pytest-sharding \
-		pytest-rest
+		nbval-default-early pytest-waiting pytest-waiting-2 pytest-exercises \
+		pytest-models pytest-sharding pytest-rest
 
 # multigpu's modules compiled once, before the parts. Where the shell sets
 # PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so
@@ -132,19 +137,25 @@ lint: $(STAMP)
 pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest tests/
 
-# pytest as `make test` runs it, in four parts that together are every test.
+# pytest as `make test` runs it, in six parts that together are every test.
 pytest-waiting: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest $(WAITING_TESTS)
 
 pytest-waiting-2: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest $(WAITING_TESTS_2)
 
+pytest-exercises: $(STAMP) $(LAB_OVERRIDES)
+	$(TEST_ENV) $(BIN)/pytest $(EXERCISE_TESTS)
+
 pytest-sharding: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest $(SHARDING_TESTS)
 
+pytest-models: $(STAMP) $(LAB_OVERRIDES)
+	$(TEST_ENV) $(BIN)/pytest $(MODEL_TESTS)
+
 pytest-rest: $(STAMP) $(LAB_OVERRIDES)
-	$(TEST_ENV) $(BIN)/pytest tests/ \
-		$(addprefix --ignore=,$(WAITING_TESTS) $(WAITING_TESTS_2) $(SHARDING_TESTS))
+	$(TEST_ENV) $(BIN)/pytest tests/ $(addprefix --ignore=,$(WAITING_TESTS) \
+		$(WAITING_TESTS_2) $(EXERCISE_TESTS) $(SHARDING_TESTS) $(MODEL_TESTS))
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)

@@ -24,6 +24,19 @@ def environment_value_rank(rank: int, world_size: int, name: str) -> str | None:
     return os.environ.get(name)
 
 
+def group_made_while_a_rank_sleeps_rank(
+    rank: int, world_size: int, late_rank: int, delay_s: float
+) -> tuple[float, float]:
+    """Every rank makes the group of ranks 0 and 1, ``late_rank`` (not in it) only
+    after ``delay_s``: (when this rank called new_group, when it returned), on the
+    clock all ranks share (tests of launch)."""
+    if rank == late_rank:
+        time.sleep(delay_s)
+    called = time.time()
+    dist.new_group([0, 1])
+    return called, time.time()
+
+
 def modules_a_training_step_imports_rank(rank: int, world_size: int) -> list[str]:
     """The modules that building an optimizer and taking one step import in this
     rank, sorted (tests of launch: the forkserver should have imported them)."""

@@ -87,6 +87,12 @@ def run_rank(
     os.environ.update(environment)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
+    # Every group a worker makes (new_group, a DeviceMesh's dimensions) is made on
+    # every rank before any rank goes on: without this, a rank could return and close
+    # its connections while a peer was still accepting one of them, and the peer then
+    # failed in a worker that made its groups and returned (distributed_c10d.py reads
+    # this variable in init_process_group and new_group).
+    os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
     if hasattr(os, "setpgid"):
         # Own process group: the parent can end this rank and all it started, and a
         # Ctrl-C in a terminal reaches only the parent (which then ends the ranks).

@@ -49,8 +49,9 @@ LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
 NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default-early \
 	nbval-default-late
 
-.PHONY: setup lab doctor test test-slow test-browser lint bytecode pytest $(PYTEST_PARTS) \
-	nbval nbval-native nbval-default $(NBVAL_PARTS) run notebooks bench clean
+.PHONY: setup lab doctor test test-slow test-browser lint bytecode pytest \
+	$(PYTEST_PARTS) nbval nbval-native nbval-default $(NBVAL_PARTS) run notebooks \
+	bench clean
 
 # JupyterLab's settings for this course, inside .venv (never the user's home): no
 # "notified about official Jupyter news?" prompt over a workshop's first notebook.

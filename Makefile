@@ -13,7 +13,14 @@ THREADS := OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONHAS
 # found on PYTHONPATH): a new Python that imports torch spent about a fifth of its
 # import in the collector. Not for `make notebooks`: the stored outputs come from
 # Python's defaults, and nbval compares them with what these processes print.
-TEST_ENV := $(THREADS) PYTHONPATH="$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH}"
+# And glibc's malloc asks for huge pages (glibc 2.35 on; older ones ignore it), where
+# the kernel grants them on request (transparent_hugepage "madvise" or "always"): a
+# rank forked from a forkserver that has imported torch copies its page tables, and
+# frees them as it ends, 512 times fewer entries for the heap; the rank-forking tests
+# (tests/zero, tests/exercises/test_zero.py, tests/miniddp/test_buckets.py) took 89
+# and 93 -> 84 and 81 processor-seconds. Only where memory lies, never what is computed.
+TEST_ENV := $(THREADS) PYTHONPATH="$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH}" \
+	GLIBC_TUNABLES="glibc.malloc.hugetlb=1$${GLIBC_TUNABLES:+:$$GLIBC_TUNABLES}"
 # Kernels forked from one process that has imported torch (tests/warm_kernels.py):
 # about 2 processor-seconds less per notebook; MULTIGPU_COLD_KERNELS=1 starts each anew.
 NBVAL := -p tests.warm_kernels --nbval --nbval-current-env \
@@ -23,9 +30,10 @@ SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
 # ends; a part that ends lets the next one start, so the 2 cores stay busy until the
-# end. The nbval parts first, then the pytest parts: the order every fresh clone ran
-# in before JupyterLab's settings were made first (fresh clones of this machine took
-# 831 s and 949 s in this order, 903 s with two pytest parts first: the runs' spread).
+# end. The parts start longest first, by the processor-seconds each took in a fresh
+# clone's `make test` (`test`'s recipe lists them), so that the last to end are
+# short ones that fork ranks on both cores: in the order nbval parts first, pytest
+# parts after, the last minute ran pytest-rest alone, mostly in one process.
 # Nine at once were no faster and made the timings the notebooks print
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
@@ -118,9 +126,9 @@ gpu-check: $(GPU_NEEDS)
 test: lint $(LAB_OVERRIDES) bytecode
 	@echo "pytest in six parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
-		nbval-default-early pytest-waiting pytest-waiting-2 pytest-exercises \
-		pytest-models pytest-sharding pytest-rest
+		nbval-lessons-late nbval-lessons pytest-waiting pytest-waiting-2 \
+		nbval-default-late pytest-exercises nbval-default-early nbval-solutions \
+		pytest-rest pytest-models pytest-sharding
 
 # multigpu's modules compiled once, before the parts. Where the shell sets
 # PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so

@@ -1,14 +1,19 @@
-"""The test targets' Pythons collect garbage less often; everything else keeps
-Python's defaults (tests/startup/sitecustomize.py, the Makefile's ``TEST_ENV``)."""
+"""The test targets' Pythons collect garbage less often, torchrun's agents and ranks
+not at all; everything else keeps Python's defaults (tests/startup/sitecustomize.py,
+the Makefile's ``TEST_ENV``)."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP = ROOT / "tests" / "startup"
@@ -16,12 +21,16 @@ MAKEFILE = (ROOT / "Makefile").read_text()
 SHOW_THRESHOLDS = "import gc; print(gc.get_threshold())"
 
 
-def thresholds(pythonpath: str | None) -> tuple[int, ...]:
+def thresholds(
+    pythonpath: str | None, show: str = SHOW_THRESHOLDS, **extra: str
+) -> tuple[int, ...]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    env.update(extra)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run(
-        [sys.executable, "-c", SHOW_THRESHOLDS],
+        [sys.executable, "-c", show],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -68,3 +77,138 @@ def test_the_test_targets_use_it_and_the_stored_outputs_do_not():
         assert "$(TEST_ENV)" in recipe(target), target
     for target in ["notebooks", "run", "lab"]:
         assert "$(TEST_ENV)" not in recipe(target), target
+
+
+def test_torchruns_agents_and_ranks_do_not_collect_at_all():
+    show = "import gc; print((gc.isenabled(), *gc.get_threshold()))"
+    assert thresholds(str(STARTUP), show, TORCHELASTIC_RUN_ID="run") == (
+        False,
+        *declared(),
+    )
+    assert thresholds(str(STARTUP), show) == (True, *declared())
+    assert thresholds(None, show, TORCHELASTIC_RUN_ID="run") == (True, 700, 10, 10)
+
+
+def test_torchruns_agent_is_told_by_its_command_line(monkeypatch):
+    """The agent as the course's launcher starts it (python -m torch.distributed.run)
+    and as a learner types it (the torchrun script); no other Python."""
+    from multigpu.runtime.launch import start_torchrun
+
+    started = []
+    monkeypatch.setattr(
+        subprocess, "Popen", lambda command, **_: started.append(command)
+    )
+    start_torchrun("multigpu.ddp", 2, "--epochs", 1)
+    monkeypatch.undo()
+    (launcher,) = started
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    python = sys.executable
+    command_lines = {
+        "launcher": launcher,
+        "typed": [python, torchrun, "--standalone", "-m", "multigpu.ddp"],
+        "options first": [python, "-u", "-m", "torch.distributed.run", "x.py"],
+        "pytest": [python, "-m", "pytest", "torch.distributed.run"],
+        "a script": [python, "train.py", "torchrun"],
+        "code": [python, "-c", "import torch.distributed.run"],
+        "a kernel": [python, "-m", "ipykernel_launcher", "-f", "k.json"],
+    }
+    show = (
+        "import json, sys, sitecustomize; print(json.dumps({name: "
+        "sitecustomize.torchrun_process(argv, {}) "
+        "for name, argv in json.load(sys.stdin).items()}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", show],
+        input=json.dumps(command_lines),
+        env={**os.environ, "PYTHONPATH": str(STARTUP)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    told = json.loads(out)
+    assert told == {
+        "launcher": True,
+        "typed": True,
+        "options first": True,
+        "pytest": False,
+        "a script": False,
+        "code": False,
+        "a kernel": False,
+    }
+
+
+def expanded_test_env() -> str:
+    """TEST_ENV as make expands it into a recipe, for a shell."""
+    return subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "--eval",
+            SHOW_TEST_ENV,
+            "show-test-env",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+SHOW_TEST_ENV = "show-test-env:\n\t@echo '$(TEST_ENV)'"
+SHOW_TUNABLES = "import os; print(os.environ.get('GLIBC_TUNABLES'))"
+HUGE_PAGES_IN_HEAP = """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+block = libc.malloc(64 << 20)
+ctypes.memset(block, 1, 64 << 20)
+smaps = open("/proc/self/smaps_rollup").read().splitlines()
+print(next(int(line.split()[1]) for line in smaps if line.startswith("AnonHugePages")))
+"""
+
+
+def run_with_test_env(code: str, **extra: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env.update(extra)
+    command = (
+        f"{expanded_test_env()} {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    )
+    return subprocess.run(
+        ["sh", "-c", command],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_the_test_targets_ask_malloc_for_huge_pages_and_keep_other_tunables():
+    assert run_with_test_env(SHOW_TUNABLES) == "glibc.malloc.hugetlb=1"
+    kept = run_with_test_env(SHOW_TUNABLES, GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+    assert kept == "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=2"
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or not THP.exists()
+    or "[never]" in THP.read_text(),
+    reason="the kernel grants no transparent huge pages here",
+)
+def test_a_test_python_s_heap_lies_in_huge_pages_where_the_kernel_grants_them():
+    heap_kib = int(run_with_test_env(HUGE_PAGES_IN_HEAP))
+    if "[always]" not in THP.read_text():  # "madvise": only where malloc asks
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        plain = subprocess.run(
+            [sys.executable, "-c", HUGE_PAGES_IN_HEAP],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert int(plain) == 0
+    assert heap_kib >= 32 << 10, heap_kib

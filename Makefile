@@ -30,10 +30,11 @@ SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9]*.ipynb))
 NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # How many parts of `make test` (after lint) run at once, each printed whole when it
 # ends; a part that ends lets the next one start, so the 2 cores stay busy until the
-# end. The parts start longest first, by the processor-seconds each took in a fresh
-# clone's `make test` (`test`'s recipe lists them), so that the last to end are
-# short ones that fork ranks on both cores: in the order nbval parts first, pytest
-# parts after, the last minute ran pytest-rest alone, mostly in one process.
+# end. The nbval parts first, then the pytest parts: the order every fresh clone ran
+# in before JupyterLab's settings were made first (fresh clones of this machine took
+# 831 s and 949 s in this order, 903 s with two pytest parts first: the runs' spread).
+# The doctor's test (pytest-waiting-2) needs the lessons' heaviest stretch over: run
+# beside the nbval parts, its launch of 2 ranks once took more than the doctor's 20 s.
 # Nine at once were no faster and made the timings the notebooks print
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
@@ -126,9 +127,9 @@ gpu-check: $(GPU_NEEDS)
 test: lint $(LAB_OVERRIDES) bytecode
 	@echo "pytest in six parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		nbval-lessons-late nbval-lessons pytest-waiting pytest-waiting-2 \
-		nbval-default-late pytest-exercises nbval-default-early nbval-solutions \
-		pytest-rest pytest-models pytest-sharding
+		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
+		nbval-default-early pytest-waiting pytest-waiting-2 pytest-exercises \
+		pytest-models pytest-sharding pytest-rest
 
 # multigpu's modules compiled once, before the parts. Where the shell sets
 # PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so

@@ -168,12 +168,13 @@ print(next(int(line.split()[1]) for line in smaps if line.startswith("AnonHugePa
 """
 
 
-def run_with_test_env(code: str, **extra: str) -> str:
+def run_with_test_env(code: str, test_env: bool = True, **extra: str) -> str:
+    """What ``python -c code`` prints, started from a shell with the test targets'
+    variables in front of it (or without them), GLIBC_TUNABLES only from ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env.update(extra)
-    command = (
-        f"{expanded_test_env()} {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
-    )
+    prefix = expanded_test_env() if test_env else ""
+    command = f"{prefix} {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     return subprocess.run(
         ["sh", "-c", command],
         env=env,
@@ -202,13 +203,6 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 def test_a_test_python_s_heap_lies_in_huge_pages_where_the_kernel_grants_them():
     heap_kib = int(run_with_test_env(HUGE_PAGES_IN_HEAP))
     if "[always]" not in THP.read_text():  # "madvise": only where malloc asks
-        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-        plain = subprocess.run(
-            [sys.executable, "-c", HUGE_PAGES_IN_HEAP],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        plain = run_with_test_env(HUGE_PAGES_IN_HEAP, test_env=False)
         assert int(plain) == 0
     assert heap_kib >= 32 << 10, heap_kib

@@ -57,6 +57,7 @@ def test_the_expected_sums_worked_out_by_hand():
     assert expected_all_reduce(4) == [6.0, 10.0, 16.0, -10.0]
 
 
+@pytest.mark.alone  # the launches have limits in seconds, as on a laptop
 def test_gloo_starts_2_and_4_ranks_that_all_reduce_correctly():
     result = check_gloo()
     assert result.status == OK

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from multigpu.doctor import report
 from multigpu.doctor.environment import project_root
 from multigpu.doctor.report import main, run_check, run_checks
@@ -106,6 +108,7 @@ def check_names(lines):
     return [line[3:19].strip() for line in lines if line[:2].strip() in marks]
 
 
+@pytest.mark.alone  # the doctor's launches have limits in seconds, as on a laptop
 def test_make_doctor_passes_here_in_under_30_processor_seconds():
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done, seconds = run_doctor(command=["make", "--no-print-directory", "doctor"])
@@ -116,8 +119,8 @@ def test_make_doctor_passes_here_in_under_30_processor_seconds():
     names = check_names(lines)
     assert names[:3] == ["Python", "packages", "Jupyter kernel"]
     assert names[-2:] == ["gloo launch", "torchrun"]
-    # Alone on 2 cores it takes 10-20 s (the README). Beside `make test`'s other
-    # parts the clock says little; the processor time it used does.
+    # Alone on 2 cores it takes 10-20 s (the README); the processor time it used
+    # says more than the clock on a machine that also runs other things.
     used = sum(after[:2]) - sum(before[:2])  # user + system, its processes
     assert used < 30, f"the doctor used {used:.1f} s of processor time"
     assert seconds < 120, f"the doctor took {seconds:.1f} s"  # no hang waited out

@@ -1,6 +1,6 @@
 """The test targets' Pythons collect garbage less often, torchrun's agents and ranks
 not at all; everything else keeps Python's defaults (tests/startup/sitecustomize.py,
-the Makefile's ``TEST_ENV``)."""
+the Makefile's ``TEST_ENV``). And how `make test` starts its pytest parts."""
 
 from __future__ import annotations
 
@@ -137,17 +137,11 @@ def test_torchruns_agent_is_told_by_its_command_line(monkeypatch):
     }
 
 
-def expanded_test_env() -> str:
-    """TEST_ENV as make expands it into a recipe, for a shell."""
+def make_value(variable: str) -> str:
+    """The Makefile's ``variable`` as make expands it into a recipe."""
+    show = f"show-value:\n\t@echo '$({variable})'"
     return subprocess.run(
-        [
-            "make",
-            "-s",
-            "--no-print-directory",
-            "--eval",
-            SHOW_TEST_ENV,
-            "show-test-env",
-        ],
+        ["make", "-s", "--no-print-directory", "--eval", show, "show-value"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -155,7 +149,6 @@ def expanded_test_env() -> str:
     ).stdout.strip()
 
 
-SHOW_TEST_ENV = "show-test-env:\n\t@echo '$(TEST_ENV)'"
 SHOW_TUNABLES = "import os; print(os.environ.get('GLIBC_TUNABLES'))"
 HUGE_PAGES_IN_HEAP = """
 import ctypes
@@ -173,7 +166,7 @@ def run_with_test_env(code: str, test_env: bool = True, **extra: str) -> str:
     variables in front of it (or without them), GLIBC_TUNABLES only from ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env.update(extra)
-    prefix = expanded_test_env() if test_env else ""
+    prefix = make_value("TEST_ENV") if test_env else ""
     command = f"{prefix} {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     return subprocess.run(
         ["sh", "-c", command],
@@ -206,3 +199,24 @@ def test_a_test_python_s_heap_lies_in_huge_pages_where_the_kernel_grants_them():
         plain = run_with_test_env(HUGE_PAGES_IN_HEAP, test_env=False)
         assert int(plain) == 0
     assert heap_kib >= 32 << 10, heap_kib
+
+
+def test_the_tests_marked_alone_run_first_and_no_part_runs_them_again():
+    """`make test` runs the tests marked `alone` (real launches against the
+    doctor's limits in seconds) before its parts, on their own: each must lie where
+    `pytest-alone` looks, and every part must leave them out."""
+    folders = [ROOT / folder for folder in make_value("ALONE_TESTS").split()]
+    marked = [
+        path
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if path != Path(__file__).resolve()
+        and "@pytest.mark.alone" in path.read_text(encoding="utf-8")
+    ]
+    assert marked, "no test is marked alone"
+    for path in marked:
+        assert any(path.is_relative_to(folder) for folder in folders), path
+    assert "-m alone $(ALONE_TESTS)" in recipe("pytest-alone")
+    assert make_value("NOT_ALONE") == '-m "not alone"'
+    for part in make_value("PYTEST_PARTS").split():
+        assert "$(NOT_ALONE)" in recipe(part), part
+    assert re.search(r"^test:.* pytest-alone\b", MAKEFILE, re.M)

@@ -37,24 +37,30 @@ NOTEBOOKS := $(LESSONS) $(SOLUTIONS)
 # (12's model against measured steps) and the free ports they pick (09) race with
 # the other parts. STREAMS=1 runs them one after the other.
 STREAMS ?= 5
-# pytest in six parts: the tests that mostly wait on processes (torchrun from a
+# pytest in seven parts: the tests that mostly wait on processes (torchrun from a
 # shell, restarts, kills, timeouts, the doctor) in two, the exercises' checkers, the
-# sharding wrappers, the hand-built wrappers and models, and the rest. Parts of about
-# 100 processor-seconds at the end of the list, so that the cores stay busy until the
-# last one ends (with the rest in one part, it ran alone for the last minute).
+# sharding wrappers, the hand-built wrappers and models, the core and the later
+# methods' packages, and the rest. Short parts at the end of the list, so that the
+# cores stay busy until the last one ends: a pytest part keeps about two thirds of
+# one core busy (pytest-rest: 88 processor-seconds in 140 s), so the last part alone
+# leaves the other core idle (as one part, the rest started last and ran alone for
+# the last 86 s of a fresh clone's 1322 s).
 WAITING_TESTS := tests/faults tests/ddp tests/snapshot
 WAITING_TESTS_2 := tests/runtime tests/doctor tests/gpu
 EXERCISE_TESTS := tests/exercises
 SHARDING_TESTS := tests/zero tests/fsdp tests/fsdp2
 MODEL_TESTS := tests/miniddp tests/horovod_api tests/gpt4d tests/cluster
+METHOD_TESTS := tests/core tests/ranks tests/dataparallel tests/costmodel \
+	tests/tensor_parallel tests/pipeline tests/context_parallel tests/expert_parallel \
+	tests/plots
 PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-exercises pytest-sharding \
-	pytest-models pytest-rest
+	pytest-models pytest-methods pytest-rest
 # The tests marked `alone` time real launches against the clock as a learner's
 # machine is checked, with nothing else running (`make doctor`'s limits: 20 s for a
 # gloo launch, 25 s for torchrun). Beside the other parts they fail on a busy CI
 # machine (load average 11 on 2 cores: the forkserver's launch of 2 ranks took 12 s,
 # torchrun's more than 25 s), so `make test` runs them first, on their own (about
-# 20 s), and the six parts run the others.
+# 20 s), and the seven parts run the others.
 ALONE_TESTS := tests/doctor
 NOT_ALONE := -m "not alone"
 # The lessons in two parts, 11-19 and the others (00-10, 20 on), both with their
@@ -132,11 +138,11 @@ gpu-check: $(GPU_NEEDS)
 # took the streams first while make wrote them). The tests marked `alone` before
 # the parts, with the machine to themselves.
 test: lint $(LAB_OVERRIDES) bytecode pytest-alone
-	@echo "pytest in six parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
+	@echo "pytest in seven parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
 		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
 		nbval-default-early pytest-waiting pytest-waiting-2 pytest-exercises \
-		pytest-models pytest-sharding pytest-rest
+		pytest-models pytest-sharding pytest-methods pytest-rest
 
 # multigpu's modules compiled once, before the parts. Where the shell sets
 # PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so
@@ -154,7 +160,7 @@ lint: $(STAMP)
 pytest: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest tests/
 
-# pytest as `make test` runs it: the tests marked `alone`, then six parts that
+# pytest as `make test` runs it: the tests marked `alone`, then seven parts that
 # together are every other test. pytest-alone fails where none is marked (exit 5).
 pytest-alone: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest -m alone $(ALONE_TESTS)
@@ -174,9 +180,13 @@ pytest-sharding: $(STAMP) $(LAB_OVERRIDES)
 pytest-models: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest $(NOT_ALONE) $(MODEL_TESTS)
 
+pytest-methods: $(STAMP) $(LAB_OVERRIDES)
+	$(TEST_ENV) $(BIN)/pytest $(NOT_ALONE) $(METHOD_TESTS)
+
 pytest-rest: $(STAMP) $(LAB_OVERRIDES)
 	$(TEST_ENV) $(BIN)/pytest $(NOT_ALONE) tests/ $(addprefix --ignore=,$(WAITING_TESTS) \
-		$(WAITING_TESTS_2) $(EXERCISE_TESTS) $(SHARDING_TESTS) $(MODEL_TESTS))
+		$(WAITING_TESTS_2) $(EXERCISE_TESTS) $(SHARDING_TESTS) $(MODEL_TESTS) \
+		$(METHOD_TESTS))
 
 # The tests marked slow too (ten torchrun restarts in a row, rank 0 killed): minutes.
 test-slow: $(STAMP)

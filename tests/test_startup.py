@@ -220,3 +220,42 @@ def test_the_tests_marked_alone_run_first_and_no_part_runs_them_again():
     for part in make_value("PYTEST_PARTS").split():
         assert "$(NOT_ALONE)" in recipe(part), part
     assert re.search(r"^test:.* pytest-alone\b", MAKEFILE, re.M)
+
+
+def pytest_command(part: str) -> list[str]:
+    """The arguments `make` gives pytest in ``part``'s recipe, as it expands them."""
+    printed = subprocess.run(
+        ["make", "-n", "--no-print-directory", part],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    [line] = [line for line in printed.splitlines() if "/pytest " in line]
+    return shlex.split(line.split("/pytest ", 1)[1])
+
+
+def test_every_test_file_runs_in_exactly_one_pytest_part():
+    """`make test`'s pytest parts, as make expands their recipes, together collect
+    every test file once: a folder added to one part's list must leave the rest."""
+    files = [
+        path.relative_to(ROOT) for path in sorted((ROOT / "tests").rglob("test_*.py"))
+    ]
+    parts: dict[Path, list[str]] = {path: [] for path in files}
+    for part in make_value("PYTEST_PARTS").split():
+        arguments = pytest_command(part)
+        named = [Path(a) for a in arguments if a.startswith("tests")]
+        ignored = [
+            Path(a.split("=", 1)[1]) for a in arguments if a.startswith("--ignore=")
+        ]
+        assert named, part
+        for path in files:
+            if any(path.is_relative_to(folder) for folder in named) and not any(
+                path.is_relative_to(folder) for folder in ignored
+            ):
+                parts[path].append(part)
+    assert {path: seen for path, seen in parts.items() if len(seen) != 1} == {}
+    recipe_of_test = re.search(r"^test:.*\n((?:\t.*\n)*)", MAKEFILE, re.M).group(1)
+    started = recipe_of_test.replace("\\\n", " ").split()
+    for part in make_value("PYTEST_PARTS").split():
+        assert part in started, part

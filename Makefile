@@ -53,8 +53,9 @@ MODEL_TESTS := tests/miniddp tests/horovod_api tests/gpt4d tests/cluster
 METHOD_TESTS := tests/core tests/ranks tests/dataparallel tests/costmodel \
 	tests/tensor_parallel tests/pipeline tests/context_parallel tests/expert_parallel \
 	tests/plots
-PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-exercises pytest-sharding \
-	pytest-models pytest-methods pytest-rest
+# In the order `make test` starts them.
+PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-exercises pytest-models \
+	pytest-sharding pytest-methods pytest-rest
 # The tests marked `alone` time real launches against the clock as a learner's
 # machine is checked, with nothing else running (`make doctor`'s limits: 20 s for a
 # gloo launch, 25 s for torchrun). Beside the other parts they fail on a busy CI
@@ -64,11 +65,11 @@ PYTEST_PARTS := pytest-waiting pytest-waiting-2 pytest-exercises pytest-sharding
 ALONE_TESTS := tests/doctor
 NOT_ALONE := -m "not alone"
 # The lessons in two parts, 11-19 and the others (00-10, 20 on), both with their
-# re-run and without CPU kernels.
+# re-run and without CPU kernels. In the order `make test` starts them.
 LESSONS_LATE := $(sort $(wildcard notebooks/1[1-9]*.ipynb))
 LESSONS_EARLY := $(filter-out $(LESSONS_LATE),$(LESSONS))
-NBVAL_PARTS := nbval-lessons nbval-lessons-late nbval-solutions nbval-default-early \
-	nbval-default-late
+NBVAL_PARTS := nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
+	nbval-default-early
 
 .PHONY: setup lab doctor test test-slow test-browser lint bytecode pytest \
 	$(PYTEST_PARTS) nbval nbval-native nbval-default $(NBVAL_PARTS) run notebooks \
@@ -134,15 +135,13 @@ gpu-check: $(GPU_NEEDS)
 		--gpu --report $(GPU_REPORT)
 
 # JupyterLab's settings before the parts: the pytest parts need them, so that the
-# parts start in the order below (on a fresh clone, those that do not need them
-# took the streams first while make wrote them). The tests marked `alone` before
-# the parts, with the machine to themselves.
+# parts start in the order of NBVAL_PARTS, then PYTEST_PARTS (on a fresh clone,
+# those that do not need them took the streams first while make wrote them). The
+# tests marked `alone` before the parts, with the machine to themselves.
 test: lint $(LAB_OVERRIDES) bytecode pytest-alone
 	@echo "pytest in seven parts, nbval-native in three and nbval-default in two, $(STREAMS) at a time; each prints its report when it ends"
 	$(MAKE) --no-print-directory -j$(STREAMS) --output-sync=target \
-		nbval-lessons-late nbval-lessons nbval-default-late nbval-solutions \
-		nbval-default-early pytest-waiting pytest-waiting-2 pytest-exercises \
-		pytest-models pytest-sharding pytest-methods pytest-rest
+		$(NBVAL_PARTS) $(PYTEST_PARTS)
 
 # multigpu's modules compiled once, before the parts. Where the shell sets
 # PYTHONDONTWRITEBYTECODE (CI machines often do) Python keeps no compiled module, so

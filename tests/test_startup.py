@@ -137,16 +137,21 @@ def test_torchruns_agent_is_told_by_its_command_line(monkeypatch):
     }
 
 
-def make_value(variable: str) -> str:
-    """The Makefile's ``variable`` as make expands it into a recipe."""
-    show = f"show-value:\n\t@echo '$({variable})'"
+def make(*arguments: str) -> str:
+    """What ``make --no-print-directory ARGUMENTS`` prints in the project's root."""
     return subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval", show, "show-value"],
+        ["make", "--no-print-directory", *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.strip()
+    ).stdout
+
+
+def make_value(variable: str) -> str:
+    """The Makefile's ``variable`` as make expands it into a recipe."""
+    show = f"show-value:\n\t@echo '$({variable})'"
+    return make("-s", "--eval", show, "show-value").strip()
 
 
 SHOW_TUNABLES = "import os; print(os.environ.get('GLIBC_TUNABLES'))"
@@ -224,14 +229,7 @@ def test_the_tests_marked_alone_run_first_and_no_part_runs_them_again():
 
 def pytest_command(part: str) -> list[str]:
     """The arguments `make` gives pytest in ``part``'s recipe, as it expands them."""
-    printed = subprocess.run(
-        ["make", "-n", "--no-print-directory", part],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    [line] = [line for line in printed.splitlines() if "/pytest " in line]
+    [line] = [line for line in make("-n", part).splitlines() if "/pytest " in line]
     return shlex.split(line.split("/pytest ", 1)[1])
 
 
